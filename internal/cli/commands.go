@@ -1,0 +1,381 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
+	"golang.org/x/term"
+
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/session"
+	"moat.dev/moat/internal/state"
+)
+
+// attach runs argv (nil: a shell) in the sandbox at dir, starting it first.
+func (e *env) attach(dir string, argv []string, workdir string) error {
+	if err := e.start(dir); err != nil {
+		return withCode(ExitRun, err)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGPIPE)
+	defer cancel()
+	c, err := sshClient(ctx, dir)
+	if err != nil {
+		return withCode(ExitRun, err)
+	}
+	defer c.Close()
+	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
+	code, err := session.Run(ctx, c, session.Options{
+		Argv: argv, TTY: tty, Dir: workdir,
+		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
+	})
+	if err != nil {
+		return withCode(ExitRun, err)
+	}
+	if code != 0 {
+		return commandExit(code)
+	}
+	return nil
+}
+
+// sessionDir is where a session started from the host's cwd begins: the
+// same path when it is inside the workspace, else the workspace.
+func sessionDir(ws string) string {
+	d, err := cwd()
+	if err != nil || (d != ws && !strings.HasPrefix(d, ws+"/")) {
+		return ws
+	}
+	return d
+}
+
+func newRunCmd() *cobra.Command {
+	var name string
+	c := &cobra.Command{
+		Use:   "run [--name N] [-- command...]",
+		Short: "Run a command in this directory's sandbox, creating and starting it if needed",
+		Long: `Run a command in the sandbox of the current directory (the nearest directory
+with a moat.toml, else the current one). The sandbox is created and started if
+needed and keeps running afterwards. With no command: an interactive shell.
+moat exits with the command's exit code.`,
+		Example: `  moat run -- make test
+  moat run --name api -- go build ./...
+  moat run`,
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.forCwd(name)
+			if err != nil {
+				return err
+			}
+			return e.attach(dir, args, sessionDir(rec.Workspace))
+		},
+	}
+	c.Flags().StringVar(&name, "name", "", "sandbox name (default: from moat.toml or the directory)")
+	return c
+}
+
+func newShellCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "shell [NAME]",
+		Short:   "Open an interactive shell in a sandbox",
+		Example: "  moat shell\n  moat shell api",
+		Args:    cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			var dir string
+			var rec *state.Record
+			if len(args) == 1 {
+				dir, rec, err = e.byName(args[0])
+			} else {
+				dir, rec, err = e.forCwd("")
+			}
+			if err != nil {
+				return err
+			}
+			return e.attach(dir, nil, sessionDir(rec.Workspace))
+		},
+	}
+}
+
+func newExecCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:     "exec NAME -- command...",
+		Short:   "Run a command in a named sandbox",
+		Example: "  moat exec api -- git status",
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.byName(args[0])
+			if err != nil {
+				return err
+			}
+			return e.attach(dir, args[1:], rec.Workspace)
+		},
+	}
+}
+
+func newUpCmd() *cobra.Command {
+	var fresh bool
+	var name string
+	c := &cobra.Command{
+		Use:   "up [NAME]",
+		Short: "Create and start a sandbox (the current directory's by default)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			var dir string
+			if len(args) == 1 {
+				dir, _, err = e.byName(args[0])
+			} else {
+				dir, _, err = e.forCwd(name)
+			}
+			if err != nil {
+				return err
+			}
+			if fresh {
+				if err := e.stop(dir, state.StopUser); err != nil {
+					return err
+				}
+				for _, d := range []string{"upper", "work", "merged", "root"} {
+					if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
+						return fmt.Errorf("discarding the writable layer: %w", err)
+					}
+				}
+			}
+			if err := e.start(dir); err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), filepath.Base(dir))
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&fresh, "fresh", false, "discard the sandbox's writable layer first")
+	c.Flags().StringVar(&name, "name", "", "sandbox name when creating")
+	return c
+}
+
+func newDownCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "down [NAME]",
+		Short: "Stop a sandbox, keeping its files",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, _, err := e.resolve(args)
+			if err != nil {
+				return err
+			}
+			return e.stop(dir, state.StopUser)
+		},
+	}
+}
+
+func newDestroyCmd() *cobra.Command {
+	var yes bool
+	c := &cobra.Command{
+		Use:   "destroy [NAME]",
+		Short: "Stop a sandbox and delete it with its writable layer",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.resolve(args)
+			if err != nil {
+				return err
+			}
+			if !yes {
+				if !term.IsTerminal(int(os.Stdin.Fd())) {
+					return codef(ExitUsage, "destroy deletes sandbox %q and its files; confirm with: moat destroy %s --yes", rec.Name, rec.Name)
+				}
+				fmt.Fprintf(os.Stderr, "Destroy sandbox %q (%s) and its files? [y/N] ", rec.Name, rec.Workspace)
+				var answer string
+				fmt.Scanln(&answer)
+				if a := strings.ToLower(answer); a != "y" && a != "yes" {
+					return errors.New("not destroyed")
+				}
+			}
+			if err := e.stop(dir, state.StopUser); err != nil {
+				return err
+			}
+			if err := os.RemoveAll(dir); err != nil {
+				return fmt.Errorf("removing %s: %w", dir, err)
+			}
+			fmt.Fprintf(os.Stderr, "moat: destroyed %s\n", rec.Name)
+			return nil
+		},
+	}
+	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask")
+	return c
+}
+
+// listEntry is one sandbox in `list --json` and `status --json`.
+type listEntry struct {
+	Schema     int       `json:"schema"`
+	Name       string    `json:"name"`
+	State      string    `json:"state"`
+	StopReason string    `json:"stop_reason,omitempty"`
+	Image      string    `json:"image"`
+	Workspace  string    `json:"workspace"`
+	Created    time.Time `json:"created"`
+	Started    time.Time `json:"started,omitzero"`
+	PID        int       `json:"daemon_pid,omitempty"`
+	Sessions   int       `json:"sessions"`
+	Error      string    `json:"error,omitempty"`
+}
+
+func (e *env) entry(r *state.Record) listEntry {
+	dir := e.dirs.Sandbox(r.Name)
+	st, reason := state.Effective(r, dir)
+	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image,
+		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error}
+	if st == state.StateRunning || st == state.StateStarting {
+		le.PID = r.DaemonPID
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
+			le.Sessions = s.Sessions
+		}
+	}
+	return le
+}
+
+func stateText(le listEntry) string {
+	if le.StopReason != "" && (le.State == state.StateStopped || le.State == state.StateCrashed) && le.StopReason != state.StopCrash {
+		return fmt.Sprintf("%s (%s)", le.State, le.StopReason)
+	}
+	return le.State
+}
+
+func newListCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "list",
+		Short: "List sandboxes and their state",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			recs, err := state.List(e.dirs)
+			if err != nil {
+				return err
+			}
+			out := c.OutOrStdout()
+			if asJSON {
+				entries := []listEntry{}
+				for _, r := range recs {
+					entries = append(entries, e.entry(r))
+				}
+				return json.NewEncoder(out).Encode(map[string]any{"schema": 1, "sandboxes": entries})
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tWORKSPACE")
+			for _, r := range recs {
+				le := e.entry(r)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", le.Name, stateText(le), le.Image, le.Workspace)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newStatusCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status [NAME]",
+		Short: "Show one sandbox's state",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			_, rec, err := e.resolve(args)
+			if err != nil {
+				return err
+			}
+			le := e.entry(rec)
+			out := c.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(le)
+			}
+			fmt.Fprintf(out, "name:       %s\nstate:      %s\nimage:      %s\nworkspace:  %s\nsessions:   %d\n",
+				le.Name, stateText(le), le.Image, le.Workspace, le.Sessions)
+			if !le.Started.IsZero() {
+				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
+			}
+			if le.Error != "" {
+				fmt.Fprintf(out, "last error: %s\n", le.Error)
+			}
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func newLogsCmd() *cobra.Command {
+	var follow bool
+	c := &cobra.Command{
+		Use:   "logs NAME [-f]",
+		Short: "Print a sandbox's daemon log",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, _, err := e.byName(args[0])
+			if err != nil {
+				return err
+			}
+			f, err := os.Open(filepath.Join(dir, "daemon.log"))
+			if err != nil {
+				return fmt.Errorf("opening the daemon log: %w", err)
+			}
+			defer f.Close()
+			out := c.OutOrStdout()
+			for {
+				if _, err := io.Copy(out, f); err != nil {
+					return err
+				}
+				if !follow || !state.DaemonAlive(dir) {
+					io.Copy(out, f)
+					return nil
+				}
+				time.Sleep(200 * time.Millisecond)
+			}
+		},
+	}
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the daemon exits")
+	return c
+}

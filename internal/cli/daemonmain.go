@@ -1,0 +1,99 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/daemon"
+	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/state"
+)
+
+// daemonMain is the `__daemon DIR` role, started detached by `moat up`.
+func daemonMain(dir string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "daemon", "sandbox", filepath.Base(dir))
+	var ready *os.File
+	if os.Getenv("MOAT_READY_FD") == "3" {
+		ready = os.NewFile(3, "ready")
+	}
+	fail := func(err error) int {
+		log.Error("cannot start", "err", err)
+		if ready != nil {
+			fmt.Fprintf(ready, "error: %v\n", err)
+			ready.Close()
+		}
+		return ExitError
+	}
+	e, err := newEnv()
+	if err != nil {
+		return fail(err)
+	}
+	rec, err := state.Load(dir)
+	if err != nil {
+		return fail(err)
+	}
+	var cfg config.Config
+	if len(rec.Config) > 0 {
+		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
+			return fail(fmt.Errorf("reading the configuration snapshot: %w", err))
+		}
+	}
+	if err := keys.Ensure(dir); err != nil {
+		return fail(err)
+	}
+	client, err := keys.Client(dir)
+	if err != nil {
+		return fail(err)
+	}
+	plan := &runtime.Plan{
+		ID: "moat-" + rec.Name, StateDir: dir, Runsc: e.runsc, Moat: e.exe,
+		GuestDir: filepath.Join(dir, "guest"), Hostname: rec.Name, Image: rec.Image,
+		Workspace: rec.Workspace, Debug: os.Getenv("MOAT_DEBUG_RUNSC") != "",
+	}
+	for _, s := range cfg.Shares {
+		plan.Shares = append(plan.Shares, runtime.Share{Source: s.Path, Target: s.Target, RW: s.RW})
+	}
+	var imageEnv []string
+	if rec.Image != "host" {
+		img, err := e.images().Resolve(rec.Image)
+		if err != nil {
+			return fail(err)
+		}
+		plan.Layers = img.Layers
+		imageEnv = img.Config.Env
+		plan.Env = imageEnv
+	}
+	home := "/home/agent"
+	env := []string{"HOME=" + home, "USER=agent", "LOGNAME=agent", "LANG=C.UTF-8",
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	for _, kv := range imageEnv {
+		if !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "HOME=") {
+			env = append(env, kv)
+		}
+	}
+	g := &guestspec.Spec{
+		Schema: guestspec.Schema, Hostname: rec.Name, User: "agent", UID: rec.GuestUID, GID: rec.GuestGID,
+		Home: home, Workspace: rec.Workspace, Listen: netstack.Guest.String() + ":22",
+		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
+		HostKey: guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
+	}
+	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image}
+	if ready != nil {
+		opts.Ready = ready
+	}
+	if err := daemon.Run(opts); err != nil {
+		log.Error("daemon stopped", "err", err)
+		return ExitError
+	}
+	return ExitOK
+}

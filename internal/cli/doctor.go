@@ -1,0 +1,70 @@
+package cli
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+
+	"github.com/spf13/cobra"
+)
+
+// check is one thing moat needs from the host, and how to fix it.
+type check struct {
+	name string
+	ok   func() (bool, string)
+	fix  string
+}
+
+func newDoctorCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "doctor",
+		Short: "Check what moat needs on this host and print the fix for each missing piece",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			exe, _ := os.Executable()
+			runsc := runscPath(exe)
+			checks := []check{
+				{"running as root", func() (bool, string) { return os.Geteuid() == 0, "" }, "run moat with sudo"},
+				{"runsc (gVisor)", func() (bool, string) {
+					out, err := exec.Command(runsc, "--version").Output()
+					if err != nil {
+						return false, runsc
+					}
+					return true, strings.SplitN(string(out), "\n", 2)[0]
+				}, "build it with: ./scripts/setup.sh (or set MOAT_RUNSC)"},
+				{"/dev/net/tun", func() (bool, string) { return fileExists("/dev/net/tun"), "" }, "load the tun module: modprobe tun"},
+				{"overlayfs", func() (bool, string) {
+					b, _ := os.ReadFile("/proc/filesystems")
+					return strings.Contains(string(b), "overlay"), ""
+				}, "load the overlay module: modprobe overlay"},
+				{"network namespaces", func() (bool, string) { return fileExists("/proc/self/ns/net"), "" }, "use a kernel with CONFIG_NET_NS"},
+				{"sudo on the host (for image = \"host\")", func() (bool, string) {
+					_, err := exec.LookPath("sudo")
+					return err == nil, ""
+				}, "apt-get install sudo"},
+			}
+			bad := 0
+			for _, ch := range checks {
+				ok, detail := ch.ok()
+				mark := "ok  "
+				if !ok {
+					mark = "FAIL"
+					bad++
+				}
+				line := fmt.Sprintf("%s %s", mark, ch.name)
+				if detail != "" {
+					line += " (" + detail + ")"
+				}
+				fmt.Fprintln(c.OutOrStdout(), line)
+				if !ok {
+					fmt.Fprintln(c.OutOrStdout(), "     fix:", ch.fix)
+				}
+			}
+			if bad > 0 {
+				return codef(ExitHost, "%d check(s) failed", bad)
+			}
+			return nil
+		},
+	}
+}

@@ -1,0 +1,116 @@
+// Package cli is moat's command line, and the dispatch of the one binary's
+// other roles (daemon, shim, guest init, guest agent), which happens on argv
+// before the command parser so that the guest and the daemon never depend
+// on flags meant for people.
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/runtime"
+)
+
+// Version is set at build time with -ldflags "-X moat.dev/moat/internal/cli.Version=...".
+var Version = "dev"
+
+// Main runs moat and returns its exit code.
+func Main(args []string) int {
+	if len(args) > 1 {
+		switch args[1] {
+		case "__init":
+			return guest.Init()
+		case "__agent":
+			return guest.Agent()
+		case "__shim":
+			if len(args) < 3 {
+				return ExitUsage
+			}
+			err := runtime.Shim(args[2])
+			fmt.Fprintln(os.Stderr, "moat shim:", err)
+			return ExitError
+		case "__daemon":
+			if len(args) < 3 {
+				return ExitUsage
+			}
+			return daemonMain(args[2])
+		}
+	}
+	root := newRoot()
+	root.SetArgs(args[1:])
+	err := root.Execute()
+	if err == nil {
+		return ExitOK
+	}
+	var ce commandExit
+	if errors.As(err, &ce) {
+		return int(ce)
+	}
+	fmt.Fprintln(os.Stderr, "moat:", err)
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	return ExitError
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "moat",
+		Short: "Run a coding agent or any command in a disposable gVisor sandbox",
+		Long: `moat runs a command in its own Linux sandbox (a separate gVisor kernel), with the
+project mounted at its host path, as user "agent" with passwordless sudo, and a
+network whose only exit is a gate outside the sandbox.
+
+Start here:
+  moat run -- make test       run a command in this directory's sandbox
+  moat shell                  an interactive shell there
+  moat list                   every sandbox and its state`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Version:       Version,
+	}
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return withCode(ExitUsage, fmt.Errorf("%w; see: %s --help", err, c.CommandPath()))
+	})
+	root.AddCommand(
+		newRunCmd(), newShellCmd(), newExecCmd(),
+		newUpCmd(), newDownCmd(), newDestroyCmd(),
+		newListCmd(), newStatusCmd(), newLogsCmd(),
+		newImageCmd(), newDoctorCmd(), newVersionCmd(),
+	)
+	root.AddCommand(&cobra.Command{
+		Use:   "exit-codes",
+		Short: "What moat's exit codes mean",
+		Run:   func(c *cobra.Command, _ []string) { fmt.Fprint(c.OutOrStdout(), exitCodesHelp) },
+	})
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [command | exit-codes]",
+		Short: "Help about any command, or exit-codes",
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 1 && args[0] == "exit-codes" {
+				fmt.Fprint(c.OutOrStdout(), exitCodesHelp)
+				return nil
+			}
+			cmd, _, err := c.Root().Find(args)
+			if cmd == nil || err != nil {
+				return withCode(ExitUsage, fmt.Errorf("unknown help topic %q; see: moat --help", args))
+			}
+			return cmd.Help()
+		},
+	})
+	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print moat's version",
+		Args:  cobra.NoArgs,
+		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), "moat", Version) },
+	}
+}

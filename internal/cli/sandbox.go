@@ -1,0 +1,411 @@
+package cli
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/image"
+	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/state"
+)
+
+// env is what every sandbox command needs: moat's directories and the
+// binaries it runs.
+type env struct {
+	dirs  state.Dirs
+	exe   string // this binary
+	runsc string
+}
+
+// errNeedRoot explains why moat needs root and what to type instead.
+var errNeedRoot = errors.New("moat needs root: it creates a network namespace, a TAP device and overlay mounts for each sandbox, and starts gVisor's runsc; run it again with sudo (your user's uid/gid are kept for the sandbox's \"agent\" user)")
+
+func newEnv() (*env, error) {
+	if os.Geteuid() != 0 {
+		return nil, withCode(ExitHost, errNeedRoot)
+	}
+	dirs, err := state.Resolve()
+	if err != nil {
+		return nil, err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the moat binary: %w", err)
+	}
+	exe, _ = filepath.EvalSymlinks(exe)
+	return &env{dirs: dirs, exe: exe, runsc: runscPath(exe)}, nil
+}
+
+// runscPath finds runsc: $MOAT_RUNSC, else next to moat, else on PATH.
+func runscPath(exe string) string {
+	if p := os.Getenv("MOAT_RUNSC"); p != "" {
+		return p
+	}
+	if p := filepath.Join(filepath.Dir(exe), "runsc"); fileExists(p) {
+		return p
+	}
+	if p, err := exec.LookPath("runsc"); err == nil {
+		return p
+	}
+	return filepath.Join(filepath.Dir(exe), "runsc")
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// findWorkspace is the nearest directory at or above dir holding moat.toml,
+// else dir itself.
+func findWorkspace(dir string) string {
+	for d := dir; ; d = filepath.Dir(d) {
+		if fileExists(filepath.Join(d, "moat.toml")) {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return dir
+		}
+	}
+}
+
+func cwd() (string, error) {
+	d, err := os.Getwd()
+	if err != nil {
+		return "", fmt.Errorf("finding the current directory: %w", err)
+	}
+	if r, err := filepath.EvalSymlinks(d); err == nil {
+		d = r
+	}
+	return d, nil
+}
+
+// byName loads a sandbox by its name.
+func (e *env) byName(name string) (string, *state.Record, error) {
+	if err := config.ValidName(name); err != nil {
+		return "", nil, withCode(ExitUsage, err)
+	}
+	dir := e.dirs.Sandbox(name)
+	r, err := state.Load(dir)
+	if errors.Is(err, state.ErrNoSandbox) {
+		return "", nil, codef(ExitNotFound, "no sandbox named %q; see the list with: moat list", name)
+	}
+	return dir, r, err
+}
+
+// forWorkspace finds the sandbox whose workspace is ws.
+func (e *env) forWorkspace(ws string) (string, *state.Record, error) {
+	recs, err := state.List(e.dirs)
+	if err != nil {
+		return "", nil, err
+	}
+	for _, r := range recs {
+		if r.Workspace == ws {
+			return e.dirs.Sandbox(r.Name), r, nil
+		}
+	}
+	return "", nil, nil
+}
+
+// resolve finds the sandbox named by args[0], or the current directory's.
+func (e *env) resolve(args []string) (string, *state.Record, error) {
+	if len(args) > 0 {
+		return e.byName(args[0])
+	}
+	d, err := cwd()
+	if err != nil {
+		return "", nil, err
+	}
+	ws := findWorkspace(d)
+	dir, r, err := e.forWorkspace(ws)
+	if err != nil {
+		return "", nil, err
+	}
+	if r == nil {
+		return "", nil, codef(ExitNotFound, "no sandbox for %s; create one with: moat up (or name one: moat list)", ws)
+	}
+	return dir, r, nil
+}
+
+var nameJunk = regexp.MustCompile(`[^a-z0-9-]+`)
+
+// deriveName turns a directory into a valid, unused sandbox name.
+func (e *env) deriveName(ws string) string {
+	base := nameJunk.ReplaceAllString(strings.ToLower(filepath.Base(ws)), "-")
+	base = strings.Trim(base, "-")
+	if len(base) > 32 {
+		base = strings.Trim(base[:32], "-")
+	}
+	if base == "" {
+		base = "sandbox"
+	}
+	name := base
+	for i := 2; i < 1000 && fileExists(e.dirs.Sandbox(name)); i++ {
+		name = base + "-" + strconv.Itoa(i)
+	}
+	return name
+}
+
+// create makes the sandbox for workspace ws, snapshotting its configuration.
+func (e *env) create(ws, name string) (string, *state.Record, error) {
+	cfg, err := config.Load(e.dirs.UserConfig(), filepath.Join(ws, "moat.toml"))
+	if err != nil {
+		return "", nil, withCode(ExitUsage, err)
+	}
+	if name == "" {
+		name = cfg.Sandbox.Name
+	}
+	if name == "" {
+		name = e.deriveName(ws)
+	}
+	if err := config.ValidName(name); err != nil {
+		return "", nil, withCode(ExitUsage, err)
+	}
+	if r, err := state.Load(e.dirs.Sandbox(name)); err == nil {
+		return "", nil, codef(ExitUsage, "the name %q is taken by the sandbox of %s; choose another with --name, or remove it with: moat destroy %s", name, r.Workspace, name)
+	}
+	if cfg.Sandbox.Image != "" && cfg.Sandbox.Image != "host" {
+		if _, err := e.images().Resolve(cfg.Sandbox.Image); err != nil {
+			return "", nil, withCode(ExitNotFound, err)
+		}
+	}
+	snap, err := json.Marshal(cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	uid, gid := guestIDs()
+	rec := &state.Record{
+		Name: name, Workspace: ws, Image: imageName(cfg.Sandbox.Image), Runtime: "gvisor",
+		Desired: "stopped", State: state.StateCreated, Created: time.Now().UTC(),
+		GuestUID: uid, GuestGID: gid, Config: snap,
+	}
+	dir := e.dirs.Sandbox(name)
+	if err := state.Create(dir, rec); err != nil {
+		if errors.Is(err, os.ErrExist) {
+			return "", nil, codef(ExitUsage, "the name %q is taken; choose another with --name", name)
+		}
+		return "", nil, err
+	}
+	if err := keys.Ensure(dir); err != nil {
+		return "", nil, err
+	}
+	fmt.Fprintf(os.Stderr, "moat: created sandbox %q for %s (image %s)\n", name, ws, rec.Image)
+	return dir, rec, nil
+}
+
+func imageName(s string) string {
+	if s == "" {
+		return "host"
+	}
+	return s
+}
+
+// guestIDs are the agent user's ids: the invoking user's (through sudo)
+// when not root, else 1000.
+func guestIDs() (int, int) {
+	uid, _ := strconv.Atoi(os.Getenv("SUDO_UID"))
+	gid, _ := strconv.Atoi(os.Getenv("SUDO_GID"))
+	if uid <= 0 {
+		if os.Getuid() != 0 {
+			return os.Getuid(), os.Getgid()
+		}
+		return 1000, 1000
+	}
+	if gid <= 0 {
+		gid = uid
+	}
+	return uid, gid
+}
+
+func (e *env) images() *image.Store {
+	s, err := image.Open(e.dirs.Images())
+	if err != nil {
+		// Open only fails when the directory cannot be made; Resolve then
+		// reports the same problem with a path in it.
+		return &image.Store{}
+	}
+	return s
+}
+
+// forCwd finds or creates the sandbox for the current directory.
+func (e *env) forCwd(name string) (string, *state.Record, error) {
+	d, err := cwd()
+	if err != nil {
+		return "", nil, err
+	}
+	ws := findWorkspace(d)
+	if name != "" {
+		if dir, r, err := e.byName(name); err == nil {
+			return dir, r, nil
+		}
+	} else {
+		dir, r, err := e.forWorkspace(ws)
+		if err != nil || r != nil {
+			return dir, r, err
+		}
+	}
+	return e.create(ws, name)
+}
+
+// start brings the sandbox up unless it is running, and returns when the
+// guest agent answers. A start lock makes concurrent callers wait for one
+// daemon instead of racing to start two.
+func (e *env) start(dir string) error {
+	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil }); err != nil {
+		return err
+	}
+	if state.DaemonAlive(dir) {
+		return e.waitRunning(dir)
+	}
+	if _, err := os.Stat(e.runsc); err != nil {
+		return codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
+	}
+	rd, wr, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer rd.Close()
+	logf, err := os.OpenFile(filepath.Join(dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		wr.Close()
+		return fmt.Errorf("opening daemon log: %w", err)
+	}
+	defer logf.Close()
+	devnull, _ := os.Open(os.DevNull)
+	defer devnull.Close()
+	cmd := exec.Command(e.exe, "__daemon", dir)
+	cmd.Dir = "/"
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
+	cmd.ExtraFiles = []*os.File{wr}
+	cmd.Env = append(os.Environ(), "MOAT_READY_FD=3", "MOAT_RUNSC="+e.runsc)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		wr.Close()
+		return fmt.Errorf("starting daemon: %w", err)
+	}
+	wr.Close()
+	go cmd.Wait() // reap it if it dies while we wait; it outlives us otherwise
+	line, _ := bufio.NewReader(rd).ReadString('\n')
+	line = strings.TrimSpace(line)
+	if line == "ok" {
+		return nil
+	}
+	name := filepath.Base(dir)
+	if msg, ok := strings.CutPrefix(line, "error: "); ok {
+		return fmt.Errorf("sandbox %q did not start: %s\nsee the daemon log with: moat logs %s", name, msg, name)
+	}
+	return fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
+}
+
+// waitRunning waits for a daemon that is already starting.
+func (e *env) waitRunning(dir string) error {
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		r, err := state.Load(dir)
+		if err != nil {
+			return err
+		}
+		switch r.State {
+		case state.StateRunning:
+			return nil
+		case state.StateStopping:
+			// A stop is in flight: wait for it, then start afresh.
+			if !state.DaemonAlive(dir) {
+				return nil
+			}
+		}
+		if !state.DaemonAlive(dir) {
+			return fmt.Errorf("sandbox %q stopped while starting: %s", r.Name, r.Error)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return errors.New("timed out waiting for the sandbox to start")
+}
+
+// stop asks the daemon to stop and waits until it is gone.
+func (e *env) stop(dir string, reason string) error {
+	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "stopped"; return nil }); err != nil {
+		return err
+	}
+	if !state.DaemonAlive(dir) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := control.New(filepath.Join(dir, "control.sock")).Stop(ctx, reason); err != nil {
+		// The daemon may be wedged: the signal path stops it too.
+		if pid := daemonPID(dir); pid > 0 {
+			syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for state.DaemonAlive(dir) {
+		if time.Now().After(deadline) {
+			if pid := daemonPID(dir); pid > 0 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+			time.Sleep(200 * time.Millisecond)
+			if state.DaemonAlive(dir) {
+				return errors.New("the daemon did not stop within 30s")
+			}
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return nil
+}
+
+func daemonPID(dir string) int {
+	b, err := os.ReadFile(filepath.Join(dir, "daemon.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// sshClient opens an SSH connection to the guest agent through the daemon.
+func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
+	signer, err := keys.Client(dir)
+	if err != nil {
+		return nil, err
+	}
+	hostKey, err := keys.HostPublic(dir)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := control.New(filepath.Join(dir, "control.sock")).DialSSH(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cc, chans, reqs, err := ssh.NewClientConn(conn, "guest", &ssh.ClientConfig{
+		User:            "agent",
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
+		HostKeyCallback: ssh.FixedHostKey(hostKey),
+		Timeout:         10 * time.Second,
+	})
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("connecting to the guest agent: %w", err)
+	}
+	return ssh.NewClient(cc, chans, reqs), nil
+}
+
+var _ = io.EOF

@@ -1,0 +1,204 @@
+// Package config reads moat's TOML configuration — the project's moat.toml
+// and the user's ~/.config/moat/config.toml — and merges them over built-in
+// defaults into the one Config a sandbox is created from.
+//
+// It exists because configuration is part of the sandbox's boundary: a
+// misspelt key that is silently ignored ("imgae", "blok") would start a
+// sandbox with a policy the user did not write. So parsing is strict: an
+// unknown key, a wrong type, a bad size or duration is an error that names
+// the file, line, column and full dotted key and says what to write instead.
+//
+// Precedence is built-in < user < project < flags. Lists are unioned,
+// lowest scope first, without duplicates; a scalar is taken from the
+// narrowest scope that sets it. Flags are applied as one more layer: the
+// command line builds a File (Path "command line") and passes it last to
+// Merge, so its values go through the same checks and carry an origin in
+// error messages.
+//
+// The merge itself (Merge, Config.Validate) does no I/O. Parse resolves
+// "~" through $HOME and relative paths against the file's directory, so
+// that a File already holds the host paths it means.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInvalid is matched by every configuration error: errors.Is(err,
+// ErrInvalid) tells a bad file apart from one that could not be read.
+var ErrInvalid = errors.New("invalid configuration")
+
+// Error is one problem in a configuration file. Line and Col are 1-based;
+// zero means unknown (for example a value given on the command line).
+type Error struct {
+	File string // as given to Parse, e.g. "moat.toml"
+	Line int
+	Col  int
+	Key  string // full dotted key, e.g. "sandbox.memory" or "shares[1].path"
+	Msg  string // what is wrong and what to write instead
+
+	// keyInMsg is set when Msg already quotes Key (unknown keys), so
+	// Error does not print the key twice.
+	keyInMsg bool
+}
+
+func (e *Error) Error() string {
+	s := e.position()
+	if s != "" {
+		s += ": "
+	}
+	if e.Key != "" && !e.keyInMsg {
+		s += e.Key + ": "
+	}
+	return s + e.Msg
+}
+
+// position is file:line:col, as far as it is known.
+func (e *Error) position() string {
+	s := e.File
+	if s != "" && e.Line > 0 {
+		s += fmt.Sprintf(":%d", e.Line)
+		if e.Col > 0 {
+			s += fmt.Sprintf(":%d", e.Col)
+		}
+	}
+	return s
+}
+
+// Is makes errors.Is(err, ErrInvalid) true for every *Error.
+func (e *Error) Is(target error) bool { return target == ErrInvalid }
+
+// Config is the effective configuration. It is snapshotted as JSON into
+// the sandbox record at create, so its JSON names are frozen: renaming
+// one makes old records unreadable.
+type Config struct {
+	Sandbox  Sandbox           `json:"sandbox"`
+	Shares   []Share           `json:"shares,omitempty"`
+	Network  Network           `json:"network"`
+	Secrets  map[string]Secret `json:"secrets"`
+	Env      map[string]string `json:"env"`
+	EnvVars  []EnvVar          `json:"env_vars,omitempty"` // Env in file order, lowest scope first
+	Forwards Forwards          `json:"forwards"`
+	Hooks    Hooks             `json:"hooks"`
+	Sources  []string          `json:"sources,omitempty"` // files that contributed, lowest scope first
+
+	// origin records where each scalar in Sandbox was set, so that
+	// Validate can point at the line to change. Absent: built-in default.
+	origin map[string]*Error
+}
+
+// Sandbox holds the [sandbox] scalars.
+type Sandbox struct {
+	// Name is empty unless a file sets it; the CLI then derives one from
+	// the workspace directory.
+	Name string `json:"name,omitempty"`
+	// Image is "host", an OCI reference, or an absolute path to an image
+	// archive (Parse makes paths absolute, and no OCI reference starts
+	// with "/", so the first byte tells them apart).
+	Image          string        `json:"image"`
+	Runtime        string        `json:"runtime"`
+	CPUs           int           `json:"cpus"`
+	MemoryBytes    uint64        `json:"memory_bytes"`     // baseline (soft limit)
+	MemoryMaxBytes uint64        `json:"memory_max_bytes"` // ceiling (hard limit)
+	PidsMax        int           `json:"pids_max"`
+	IdleTimeout    time.Duration `json:"idle_timeout"` // zero when IdleOff
+	IdleOff        bool          `json:"idle_off,omitempty"`
+}
+
+// Share is a host path mounted into the guest.
+type Share struct {
+	Path   string `json:"path"`   // absolute host path
+	Target string `json:"target"` // absolute guest path; defaults to Path
+	RW     bool   `json:"rw,omitempty"`
+	// Source is the file that asked for this share. A project file comes
+	// with the repository, so the CLI may want to show it before mounting
+	// host paths it names.
+	Source string `json:"source,omitempty"`
+}
+
+// NetworkLayer is the network rules of one file.
+type NetworkLayer struct {
+	Source string   `json:"source,omitempty"`
+	Use    []string `json:"use,omitempty"`
+	Allow  []string `json:"allow,omitempty"`
+	Block  []string `json:"block,omitempty"`
+}
+
+// Network is the merged network rules. Use, Allow and Block are the union
+// over all files. Layers keeps each file's rules apart, lowest first,
+// because the gate decides by layer (the highest layer with an opinion
+// wins): a project's allow must beat a user's block of the same name,
+// which a flat union, where deny wins a tie, cannot express.
+type Network struct {
+	Use    []string       `json:"use,omitempty"`
+	Allow  []string       `json:"allow,omitempty"`
+	Block  []string       `json:"block,omitempty"`
+	Layers []NetworkLayer `json:"layers,omitempty"`
+}
+
+// Secret is a credential the gate swaps in for a placeholder. From names
+// where the value comes from, never the value itself, so a Secret is safe
+// to write to the record.
+type Secret struct {
+	Name    string   `json:"name"`
+	From    string   `json:"from"` // "env:VAR", "file:/abs/path" or "command:..."
+	Hosts   []string `json:"hosts"`
+	Header  string   `json:"header,omitempty"`
+	Require bool     `json:"require,omitempty"`
+	Source  string   `json:"source,omitempty"` // file that defined it
+}
+
+// EnvVar is one [env] entry. Value is the template as written; expand it
+// with ExpandEnv on the host at create.
+type EnvVar struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Forward is one port forward. Both lists use "host:guest" order, so the
+// order of the two numbers never depends on the direction.
+type Forward struct {
+	Host  uint16 `json:"host"`
+	Guest uint16 `json:"guest"`
+}
+
+// Forwards are host→guest (Ports: the host listens) and guest→host
+// (Reverse: the guest listens) port forwards.
+type Forwards struct {
+	Ports   []Forward `json:"ports,omitempty"`
+	Reverse []Forward `json:"reverse,omitempty"`
+}
+
+// Hooks are shell commands run in the guest.
+type Hooks struct {
+	OnCreate []string `json:"on_create,omitempty"`
+	OnUp     []string `json:"on_up,omitempty"`
+}
+
+// Built-in defaults.
+const (
+	defaultCPUs    = 4
+	defaultPidsMax = 4096
+	// 30 min: DESIGN §8; long enough to read docs between prompts, short
+	// enough that forgotten sandboxes give their memory back.
+	defaultIdle = 30 * time.Minute
+)
+
+// Defaults is the built-in layer.
+func Defaults() Config {
+	return Config{
+		Sandbox: Sandbox{
+			Image:          "host",
+			Runtime:        "gvisor",
+			CPUs:           defaultCPUs,
+			MemoryBytes:    1 << 30,
+			MemoryMaxBytes: 4 << 30,
+			PidsMax:        defaultPidsMax,
+			IdleTimeout:    defaultIdle,
+		},
+		Secrets: map[string]Secret{},
+		Env:     map[string]string{},
+	}
+}

@@ -1,0 +1,336 @@
+package config
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// mustParse parses doc as the file at path, with HOME=/home/u.
+func mustParse(t *testing.T, path, doc string) *File {
+	t.Helper()
+	t.Setenv("HOME", "/home/u")
+	f, err := Parse(path, []byte(doc))
+	if err != nil {
+		t.Fatalf("parsing %s: %v", path, err)
+	}
+	return f
+}
+
+const (
+	userPath    = "/home/u/.config/moat/config.toml"
+	projectPath = "/work/proj/moat.toml"
+)
+
+func TestMergeDefaults(t *testing.T) {
+	got := Merge()
+	want := Defaults()
+	if !reflect.DeepEqual(got.Sandbox, want.Sandbox) || got.Sources != nil {
+		t.Errorf("Merge() = %+v, want defaults %+v", got, want)
+	}
+	if got := Merge(nil, nil); !reflect.DeepEqual(got.Sandbox, want.Sandbox) || got.Sources != nil {
+		t.Errorf("Merge(nil, nil) = %+v", got)
+	}
+	d := Defaults().Sandbox
+	wantSandbox := Sandbox{Image: "host", Runtime: "gvisor", CPUs: 4, MemoryBytes: 1 << 30,
+		MemoryMaxBytes: 4 << 30, PidsMax: 4096, IdleTimeout: 30 * time.Minute}
+	if d != wantSandbox {
+		t.Errorf("Defaults().Sandbox = %+v, want %+v", d, wantSandbox)
+	}
+	if err := Merge().Validate(); err != nil {
+		t.Errorf("defaults do not validate: %v", err)
+	}
+}
+
+func TestMergeScalars(t *testing.T) {
+	user := mustParse(t, userPath, `
+[sandbox]
+image = "debian:bookworm"
+cpus = 8
+pids_max = 100
+idle_timeout = "off"
+`)
+	project := mustParse(t, projectPath, `
+[sandbox]
+name = "api"
+cpus = 2
+idle_timeout = "2h"
+`)
+	got := Merge(user, project).Sandbox
+	want := Sandbox{Name: "api", Image: "debian:bookworm", Runtime: "gvisor", CPUs: 2,
+		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleTimeout: 2 * time.Hour}
+	if got != want {
+		t.Errorf("user+project:\ngot  %+v\nwant %+v", got, want)
+	}
+	// Order is precedence: the last file wins.
+	got = Merge(project, user).Sandbox
+	want = Sandbox{Name: "api", Image: "debian:bookworm", Runtime: "gvisor", CPUs: 8,
+		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleOff: true}
+	if got != want {
+		t.Errorf("project+user:\ngot  %+v\nwant %+v", got, want)
+	}
+}
+
+func TestMergeMemory(t *testing.T) {
+	const gib = 1 << 30
+	tests := []struct {
+		name          string
+		user, project string
+		mem, max      uint64
+		wantErr       string
+	}{
+		{"defaults", "", "", 1 * gib, 4 * gib, ""},
+		{"bare memory is fixed size", "", `sandbox.memory = "512MiB"`, 512 << 20, 512 << 20, ""},
+		{"bare memory above default ceiling", "", `sandbox.memory = "8GiB"`, 8 * gib, 8 * gib, ""},
+		{"both in one file", "", "[sandbox]\nmemory = \"2GiB\"\nmemory_max = \"6GiB\"", 2 * gib, 6 * gib, ""},
+		{"max only", "", `sandbox.memory_max = "8GiB"`, 1 * gib, 8 * gib, ""},
+		{"narrower max lifts user's fixed size", `sandbox.memory = "2GiB"`, `sandbox.memory_max = "8GiB"`, 2 * gib, 8 * gib, ""},
+		{"narrower bare memory fixes again", "[sandbox]\nmemory = \"1GiB\"\nmemory_max = \"8GiB\"", `sandbox.memory = "3GiB"`, 3 * gib, 3 * gib, ""},
+		{"user max, project bare memory", `sandbox.memory_max = "16GiB"`, `sandbox.memory = "2GiB"`, 2 * gib, 2 * gib, ""},
+		{"max below default memory", "", "\n[sandbox]\nmemory_max = \"512MiB\"", 0, 0,
+			projectPath + ":3:14: sandbox.memory_max: 512MiB is less than sandbox.memory 1GiB (built-in default); raise memory_max, or set memory in the same file"},
+		{"project max below user memory", "[sandbox]\nmemory = \"4GiB\"", "[sandbox]\nmemory_max = \"2GiB\"", 0, 0,
+			projectPath + ":2:14: sandbox.memory_max: 2GiB is less than sandbox.memory 4GiB (" + userPath + ":2:10)"},
+		{"project memory above user max", "[sandbox]\nmemory = \"1GiB\"\nmemory_max = \"2GiB\"", "", 1 * gib, 2 * gib, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var layers []*File
+			if tt.user != "" {
+				layers = append(layers, mustParse(t, userPath, tt.user))
+			}
+			if tt.project != "" {
+				layers = append(layers, mustParse(t, projectPath, tt.project))
+			}
+			c := Merge(layers...)
+			err := c.Validate()
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) || !errors.Is(err, ErrInvalid) {
+					t.Errorf("Validate() = %v\nwant ErrInvalid containing %s", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Validate() = %v", err)
+			}
+			if c.Sandbox.MemoryBytes != tt.mem || c.Sandbox.MemoryMaxBytes != tt.max {
+				t.Errorf("memory = %s / %s, want %s / %s", FormatSize(c.Sandbox.MemoryBytes),
+					FormatSize(c.Sandbox.MemoryMaxBytes), FormatSize(tt.mem), FormatSize(tt.max))
+			}
+		})
+	}
+}
+
+func TestValidatePointsAtNarrowerMemory(t *testing.T) {
+	// The project raised memory above the user's explicit ceiling: the
+	// project's memory line is the one to change.
+	user := mustParse(t, userPath, "[sandbox]\nmemory_max = \"2GiB\"")
+	project := mustParse(t, projectPath, "[sandbox]\n\nmemory = \"3GiB\"\nmemory_max = \"3GiB\"")
+	if err := Merge(user, project).Validate(); err != nil {
+		t.Errorf("explicit max in the same file: %v", err)
+	}
+	flags := &File{Path: "command line", Sandbox: SandboxLayer{MemoryMaxBytes: ptr(uint64(1 << 30))}}
+	err := Merge(user, project, flags).Validate()
+	want := "command line: sandbox.memory_max: 1GiB is less than sandbox.memory 3GiB (" + projectPath + ":3:10)"
+	if err == nil || err.Error() != want+"; raise memory_max, or set memory in the same file" {
+		t.Errorf("got  %v\nwant %s", err, want)
+	}
+	// A flag memory above a file's explicit ceiling: still fixed-size.
+	flags = &File{Path: "command line", Sandbox: SandboxLayer{MemoryBytes: ptr(uint64(8 << 30))}}
+	if c := Merge(user, project, flags); c.Validate() != nil || c.Sandbox.MemoryMaxBytes != 8<<30 {
+		t.Errorf("flag memory: %+v, %v", c.Sandbox, c.Validate())
+	}
+}
+
+func TestMergeLists(t *testing.T) {
+	user := mustParse(t, userPath, `
+[[shares]]
+path = "~/notes"
+[[shares]]
+path = "~/data"
+target = "/data"
+
+[network]
+use = ["default"]
+allow = ["a.example.com", "b.example.com"]
+block = ["t.example.com"]
+
+[secrets.GH]
+from = "env:GH"
+hosts = ["api.github.com"]
+[secrets.NPM]
+from = "env:NPM"
+hosts = ["registry.npmjs.org"]
+
+[env]
+EDITOR = "vi"
+LANG = "C.UTF-8"
+
+[forwards]
+ports = [3000, 8080]
+reverse = [5432]
+
+[hooks]
+on_create = ["echo user", "go mod download"]
+`)
+	project := mustParse(t, projectPath, `
+[[shares]]
+path = "data"
+target = "/data"
+rw = true
+
+[network]
+use = ["default", "go"]
+allow = ["b.example.com", "c.example.com"]
+
+[secrets.GH]
+from = "command:gh auth token"
+hosts = ["github.com"]
+
+[env]
+LANG = "en_US.UTF-8"
+DEBUG = "1"
+
+[forwards]
+ports = ["8080:80", 9000]
+reverse = ["5433:5432"]
+
+[hooks]
+on_create = ["go mod download", "make"]
+on_up = ["./start.sh"]
+`)
+	got := Merge(user, project)
+	want := Config{
+		Sandbox: Defaults().Sandbox,
+		Shares: []Share{
+			{Path: "/home/u/notes", Target: "/home/u/notes", Source: userPath},
+			{Path: "/work/proj/data", Target: "/data", RW: true, Source: projectPath},
+		},
+		Network: Network{
+			Use:   []string{"default", "go"},
+			Allow: []string{"a.example.com", "b.example.com", "c.example.com"},
+			Block: []string{"t.example.com"},
+			Layers: []NetworkLayer{
+				{Source: userPath, Use: []string{"default"}, Allow: []string{"a.example.com", "b.example.com"}, Block: []string{"t.example.com"}},
+				{Source: projectPath, Use: []string{"default", "go"}, Allow: []string{"b.example.com", "c.example.com"}},
+			},
+		},
+		Secrets: map[string]Secret{
+			"GH":  {Name: "GH", From: "command:gh auth token", Hosts: []string{"github.com"}, Source: projectPath},
+			"NPM": {Name: "NPM", From: "env:NPM", Hosts: []string{"registry.npmjs.org"}, Source: userPath},
+		},
+		Env:     map[string]string{"EDITOR": "vi", "LANG": "en_US.UTF-8", "DEBUG": "1"},
+		EnvVars: []EnvVar{{"EDITOR", "vi"}, {"LANG", "en_US.UTF-8"}, {"DEBUG", "1"}},
+		Forwards: Forwards{
+			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},
+			Reverse: []Forward{{5433, 5432}},
+		},
+		Hooks: Hooks{
+			OnCreate: []string{"echo user", "go mod download", "make"},
+			OnUp:     []string{"./start.sh"},
+		},
+		Sources: []string{userPath, projectPath},
+	}
+	got.origin = nil
+	if !reflect.DeepEqual(got, want) {
+		gj, _ := json.MarshalIndent(got, "", " ")
+		wj, _ := json.MarshalIndent(want, "", " ")
+		t.Errorf("got  %s\nwant %s", gj, wj)
+	}
+}
+
+// TestMergeDoesNotAlias checks that merging leaves the files alone, so a
+// File can be merged into several configs.
+func TestMergeDoesNotAlias(t *testing.T) {
+	user := mustParse(t, userPath, "[network]\nallow = [\"a\"]\n[hooks]\non_up = [\"x\"]")
+	project := mustParse(t, projectPath, "[network]\nallow = [\"b\"]\n[hooks]\non_up = [\"y\"]")
+	Merge(user, project)
+	c := Merge(user, project)
+	if !reflect.DeepEqual(user.Network.Allow, []string{"a"}) || !reflect.DeepEqual(user.Hooks.OnUp, []string{"x"}) {
+		t.Errorf("user file changed by Merge: %+v %+v", user.Network, user.Hooks)
+	}
+	if !reflect.DeepEqual(c.Network.Allow, []string{"a", "b"}) {
+		t.Errorf("allow = %v", c.Network.Allow)
+	}
+}
+
+func TestLoad(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("HOME", dir)
+	user := filepath.Join(dir, "config.toml")
+	project := filepath.Join(dir, "ws", "moat.toml")
+	write := func(path, doc string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(doc), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	c, err := Load(user, project)
+	if err != nil || !reflect.DeepEqual(c.Sandbox, Defaults().Sandbox) || c.Sources != nil {
+		t.Fatalf("Load(no files) = %+v, %v", c, err)
+	}
+
+	write(user, "sandbox.cpus = 6\n")
+	write(project, "[[shares]]\npath = \"data\"\n")
+	c, err = Load(user, project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Sandbox.CPUs != 6 || len(c.Shares) != 1 || c.Shares[0].Path != filepath.Join(dir, "ws", "data") {
+		t.Errorf("Load = %+v", c)
+	}
+	if !reflect.DeepEqual(c.Sources, []string{user, project}) {
+		t.Errorf("Sources = %v", c.Sources)
+	}
+
+	write(project, "sandbox.memory_max = \"128MiB\"\n")
+	if _, err := Load(user, project); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), project+":1:22: sandbox.memory_max:") {
+		t.Errorf("Load(max below memory) = %v", err)
+	}
+	write(user, "sandbox.cpus = \"6\"\n")
+	if _, err := Load(user, project); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), user+":1:16: sandbox.cpus:") {
+		t.Errorf("Load(bad user file) = %v", err)
+	}
+}
+
+// TestConfigJSON checks the snapshot survives a round trip through the
+// record, and that its field names, which are frozen, stay as they are.
+func TestConfigJSON(t *testing.T) {
+	f := mustParse(t, projectPath, `
+[sandbox]
+name = "api"
+idle_timeout = "off"
+[forwards]
+ports = ["8080:80"]
+[env]
+A = "1"
+`)
+	c := Merge(f)
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{`"sandbox":{"name":"api","image":"host","runtime":"gvisor","cpus":4,"memory_bytes":1073741824,"memory_max_bytes":4294967296,"pids_max":4096,"idle_timeout":0,"idle_off":true}`,
+		`"forwards":{"ports":[{"host":8080,"guest":80}]}`, `"env_vars":[{"name":"A","value":"1"}]`, `"sources":["/work/proj/moat.toml"]`} {
+		if !strings.Contains(string(b), k) {
+			t.Errorf("JSON %s\nlacks %s", b, k)
+		}
+	}
+	var back Config
+	if err := json.Unmarshal(b, &back); err != nil {
+		t.Fatal(err)
+	}
+	c.origin = nil
+	if !reflect.DeepEqual(back, c) {
+		t.Errorf("round trip:\ngot  %+v\nwant %+v", back, c)
+	}
+}

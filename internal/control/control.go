@@ -1,0 +1,161 @@
+// Package control is the daemon's control API: HTTP/1.1 over the unix
+// socket control.sock (mode 0600) in the sandbox's state directory.
+//
+// Specification. Every JSON object carries "schema": 1; fields are only ever
+// added.
+//
+//	GET  /v1/status      200 Status
+//	POST /v1/stop        202 {"schema":1}; body StopRequest (optional). The daemon stops
+//	                     the guest and exits; clients wait for the daemon lock to be free.
+//	GET  /v1/ssh         with "Connection: Upgrade", "Upgrade: moat-ssh": 101, after which
+//	                     the connection is a byte stream to the guest agent's SSH port
+//	                     (carried over the daemon's netstack). The client speaks SSH on it.
+//
+// Errors are JSON {"schema":1,"error":"..."} with a 4xx/5xx status.
+package control
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Schema is the version of every object here.
+const Schema = 1
+
+// UpgradeProto is the Upgrade token of /v1/ssh.
+const UpgradeProto = "moat-ssh"
+
+// Status is GET /v1/status.
+type Status struct {
+	Schema    int       `json:"schema"`
+	Name      string    `json:"name"`
+	State     string    `json:"state"`
+	PID       int       `json:"pid"`
+	Started   time.Time `json:"started"`
+	Sessions  int       `json:"sessions"`
+	Image     string    `json:"image"`
+	Workspace string    `json:"workspace"`
+}
+
+// StopRequest is the body of POST /v1/stop.
+type StopRequest struct {
+	Schema int    `json:"schema"`
+	Reason string `json:"reason"` // user | idle | host
+}
+
+// ErrorBody is the body of every error response.
+type ErrorBody struct {
+	Schema int    `json:"schema"`
+	Error  string `json:"error"`
+}
+
+// Client talks to one daemon.
+type Client struct {
+	sock string
+	http *http.Client
+}
+
+// New returns a client for the socket at path.
+func New(sock string) *Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+	}
+	return &Client{sock: sock, http: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+}
+
+// Status asks the daemon for its status.
+func (c *Client) Status(ctx context.Context) (*Status, error) {
+	var s Status
+	if err := c.do(ctx, http.MethodGet, "/v1/status", nil, &s); err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
+// Stop asks the daemon to stop the sandbox.
+func (c *Client) Stop(ctx context.Context, reason string) error {
+	return c.do(ctx, http.MethodPost, "/v1/stop", StopRequest{Schema: Schema, Reason: reason}, nil)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, "http://moat"+path, body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("calling daemon %s: %w", path, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 300 {
+		var e ErrorBody
+		json.NewDecoder(resp.Body).Decode(&e)
+		return fmt.Errorf("daemon %s: %s", path, e.Error)
+	}
+	if out != nil {
+		return json.NewDecoder(resp.Body).Decode(out)
+	}
+	return nil
+}
+
+// DialSSH opens the byte stream to the guest agent.
+func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", c.sock)
+	if err != nil {
+		return nil, fmt.Errorf("connecting to daemon: %w", err)
+	}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	fmt.Fprintf(conn, "GET /v1/ssh HTTP/1.1\r\nHost: moat\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", UpgradeProto)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("reading daemon upgrade response: %w", err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		var e ErrorBody
+		json.NewDecoder(resp.Body).Decode(&e)
+		conn.Close()
+		return nil, fmt.Errorf("daemon refused the session: %s", e.Error)
+	}
+	conn.SetDeadline(time.Time{})
+	return &bufConn{Conn: conn, r: br}, nil
+}
+
+// bufConn keeps bytes the HTTP reader buffered past the response.
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (b *bufConn) Read(p []byte) (int, error) { return b.r.Read(p) }
+
+// CloseWrite half-closes, so a client can signal EOF.
+func (b *bufConn) CloseWrite() error {
+	if cw, ok := b.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.New("no half-close")
+}

@@ -1,0 +1,433 @@
+// Package daemon is the per-sandbox daemon: the one process that owns a
+// sandbox for its whole life. It starts the guest through the runtime's
+// shim, serves the guest's only network interface with the netstack, proxies
+// sessions to the guest agent, answers the control API and stops the guest
+// cleanly on SIGTERM or a stop request.
+//
+// The daemon holds daemon.lock for as long as it lives; readers take "the
+// lock is free" to mean "the daemon is gone", which is how a crash (even
+// SIGKILL) shows up as crashed rather than running.
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	goruntime "runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/state"
+)
+
+// ReadyFD is the fd on which a daemon started by the CLI reports "ok" or the
+// reason it could not start; the CLI waits on it instead of polling.
+const ReadyFD = 3
+
+// bootTimeout bounds how long the guest agent may take to answer.
+const bootTimeout = 60 * time.Second
+
+// stopGrace is how long the guest gets between SIGTERM and SIGKILL.
+const stopGrace = 10 * time.Second
+
+// Options are the daemon's inputs.
+type Options struct {
+	Dir      string // the sandbox's state directory
+	Runsc    string // path of runsc
+	Moat     string // path of the moat binary
+	Plan     *runtime.Plan
+	Guest    *guestspec.Spec
+	Log      *slog.Logger
+	Ready    io.WriteCloser // may be nil
+	ImageRef string
+}
+
+type daemon struct {
+	o        Options
+	log      *slog.Logger
+	stack    *netstack.Stack
+	sessions atomic.Int64
+	shimPID  atomic.Int64
+	started  time.Time
+
+	stopOnce   sync.Once
+	stopReason string
+	stopCh     chan struct{}
+}
+
+// Run is the daemon's main: it returns when the sandbox has stopped.
+func Run(o Options) error {
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{})}
+	err := d.run()
+	if err != nil && o.Ready != nil {
+		fmt.Fprintf(o.Ready, "error: %v\n", err)
+		o.Ready.Close()
+	}
+	return err
+}
+
+func (d *daemon) run() error {
+	release, ok, err := state.TryLock(state.DaemonLock(d.o.Dir))
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("another daemon already runs this sandbox")
+	}
+	defer release()
+	os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600)
+
+	if err := d.prepare(); err != nil {
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	d.started = time.Now()
+	if err := state.Update(d.o.Dir, func(r *state.Record) error {
+		r.State, r.StopReason, r.Error = state.StateStarting, "", ""
+		r.DaemonPID, r.Started = os.Getpid(), d.started
+		return nil
+	}); err != nil {
+		return err
+	}
+
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+
+	exited := make(chan error, 1)
+	tapFD, err := d.startShim(exited)
+	if err != nil {
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Log: d.log})
+	if err != nil {
+		d.kill()
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	d.stack = st
+
+	ln, srv, err := d.serveControl()
+	if err != nil {
+		d.kill()
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	defer ln.Close()
+	defer srv.Close()
+
+	if err := d.waitAgent(exited); err != nil {
+		d.kill()
+		<-exited
+		err = fmt.Errorf("%w (see %s)", err, filepath.Join(d.o.Dir, "daemon.log"))
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
+	d.log.Info("sandbox running", "boot_ms", time.Since(d.started).Milliseconds())
+	if d.o.Ready != nil {
+		fmt.Fprintln(d.o.Ready, "ok")
+		d.o.Ready.Close()
+	}
+
+	select {
+	case err := <-exited:
+		// The guest went away on its own: PID 1 exited, or runsc died.
+		d.log.Warn("guest exited unexpectedly", "err", err)
+		d.setStopped(state.StopCrash, fmt.Errorf("guest exited: %v", err))
+		return nil
+	case sig := <-sigs:
+		d.log.Info("stopping on signal", "signal", sig)
+		d.stopReason = state.StopHost
+		if sig == unix.SIGTERM {
+			d.stopReason = state.StopUser
+		}
+	case <-d.stopCh:
+	}
+	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateStopping; return nil })
+	d.stopGuest(exited)
+	d.setStopped(d.stopReason, nil)
+	d.log.Info("sandbox stopped", "reason", d.stopReason)
+	return nil
+}
+
+// prepare writes the guest's files and clears what a crashed run left.
+func (d *daemon) prepare() error {
+	guestDir := d.o.Plan.GuestDir
+	if err := os.MkdirAll(guestDir, 0o700); err != nil {
+		return fmt.Errorf("creating guest dir: %w", err)
+	}
+	b, err := json.MarshalIndent(d.o.Guest, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := state.WriteAtomic(filepath.Join(guestDir, "guest.json"), b, 0o644); err != nil {
+		return err
+	}
+	// No runsc of ours can be alive (we hold the daemon lock and its
+	// namespaces died with the last daemon), so its state is stale.
+	os.RemoveAll(runtime.RunscRoot(d.o.Dir))
+	os.MkdirAll(runtime.RunscRoot(d.o.Dir), 0o700)
+	os.Remove(filepath.Join(d.o.Dir, "control.sock"))
+	return runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
+}
+
+// startShim starts the shim in new mount and network namespaces with a
+// parent-death signal and returns the TAP fd it sends back. The shim execs
+// runsc, so exited reports runsc's exit.
+func (d *daemon) startShim(exited chan<- error) (int, error) {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("creating shim socket: %w", err)
+	}
+	ours := os.NewFile(uintptr(pair[0]), "shim-ours")
+	theirs := os.NewFile(uintptr(pair[1]), "shim-theirs")
+	defer ours.Close()
+
+	logf, err := os.OpenFile(filepath.Join(d.o.Dir, "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		theirs.Close()
+		return -1, err
+	}
+	started := make(chan error, 1)
+	go func() {
+		// Pdeathsig fires when the thread that forked the child exits, not
+		// the process: this goroutine keeps its thread for the child's
+		// whole life, and never unlocks it.
+		goruntime.LockOSThread()
+		cmd := exec.Command(d.o.Moat, "__shim", filepath.Join(d.o.Dir, "shim.json"))
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.ExtraFiles = []*os.File{theirs}
+		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
+			Pdeathsig:    syscall.SIGKILL,
+		}
+		err := cmd.Start()
+		theirs.Close()
+		started <- err
+		if err != nil {
+			return
+		}
+		d.shimPID.Store(int64(cmd.Process.Pid))
+		exited <- cmd.Wait()
+		logf.Close()
+	}()
+	if err := <-started; err != nil {
+		return -1, fmt.Errorf("starting shim: %w", err)
+	}
+	buf := make([]byte, 16)
+	oob := make([]byte, unix.CmsgSpace(4))
+	ours.SetReadDeadline(time.Now().Add(30 * time.Second))
+	rc, err := ours.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	var n, oobn int
+	var rerr error
+	rc.Read(func(fd uintptr) bool {
+		n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+		return rerr != unix.EAGAIN
+	})
+	if rerr != nil || n == 0 {
+		return -1, fmt.Errorf("shim did not send the tap device (%v); see %s", rerr, filepath.Join(d.o.Dir, "runsc.log"))
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, fmt.Errorf("parsing tap fd message: %v", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return -1, fmt.Errorf("parsing tap fd: %v", err)
+	}
+	return fds[0], nil
+}
+
+// waitAgent dials the guest's SSH port until the agent's banner arrives.
+func (d *daemon) waitAgent(exited <-chan error) error {
+	deadline := time.Now().Add(bootTimeout)
+	for attempt := 0; time.Now().Before(deadline); attempt++ {
+		select {
+		case err := <-exited:
+			return fmt.Errorf("guest exited during boot: %v", err)
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := d.stack.DialGuest(ctx, 22)
+		cancel()
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(2 * time.Second))
+			b := make([]byte, 4)
+			_, rerr := io.ReadFull(c, b)
+			c.Close()
+			if rerr == nil && string(b) == "SSH-" {
+				return nil
+			}
+		}
+		time.Sleep(min(time.Duration(attempt+1)*2*time.Millisecond, 50*time.Millisecond))
+	}
+	return errors.New("guest agent did not answer within " + bootTimeout.String())
+}
+
+func (d *daemon) stopGuest(exited <-chan error) {
+	id := d.o.Plan.ID
+	args := append(runtime.RunscArgs(d.o.Dir, false), "kill", id, "TERM")
+	if out, err := exec.Command(d.o.Runsc, args...).CombinedOutput(); err != nil {
+		d.log.Warn("runsc kill TERM failed", "err", err, "out", string(out))
+	}
+	select {
+	case <-exited:
+		return
+	case <-time.After(stopGrace):
+		d.log.Warn("guest did not stop in time; killing")
+	}
+	d.kill()
+	<-exited
+}
+
+func (d *daemon) kill() {
+	if pid := d.shimPID.Load(); pid > 0 {
+		unix.Kill(int(pid), unix.SIGKILL)
+	}
+}
+
+func (d *daemon) setStopped(reason string, cause error) {
+	state.Update(d.o.Dir, func(r *state.Record) error {
+		r.State, r.StopReason, r.Stopped, r.DaemonPID = state.StateStopped, reason, time.Now(), 0
+		r.Error = ""
+		if cause != nil {
+			r.Error = cause.Error()
+		}
+		return nil
+	})
+}
+
+func (d *daemon) requestStop(reason string) {
+	d.stopOnce.Do(func() {
+		d.stopReason = reason
+		close(d.stopCh)
+	})
+}
+
+func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
+	sock := filepath.Join(d.o.Dir, "control.sock")
+	old := unix.Umask(0o077)
+	ln, err := net.Listen("unix", sock)
+	unix.Umask(old)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listening on control socket: %w", err)
+	}
+	os.Chmod(sock, 0o600)
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/status", d.handleStatus)
+	mux.HandleFunc("POST /v1/stop", d.handleStop)
+	mux.HandleFunc("GET /v1/ssh", d.handleSSH)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return ln, srv, nil
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(v)
+}
+
+func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
+	rec, _ := state.Load(d.o.Dir)
+	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: int(d.sessions.Load()), Image: d.o.ImageRef}
+	if rec != nil {
+		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (d *daemon) handleStop(w http.ResponseWriter, r *http.Request) {
+	var req control.StopRequest
+	json.NewDecoder(io.LimitReader(r.Body, 4096)).Decode(&req)
+	reason := req.Reason
+	switch reason {
+	case state.StopIdle, state.StopHost, state.StopUser:
+	default:
+		reason = state.StopUser
+	}
+	writeJSON(w, http.StatusAccepted, map[string]int{"schema": control.Schema})
+	d.requestStop(reason)
+}
+
+// handleSSH splices the client's connection to the guest's SSH port.
+func (d *daemon) handleSSH(w http.ResponseWriter, r *http.Request) {
+	if r.Header.Get("Upgrade") != control.UpgradeProto {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "missing Upgrade: " + control.UpgradeProto})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	guest, err := d.stack.DialGuest(ctx, 22)
+	cancel()
+	if err != nil {
+		writeJSON(w, http.StatusBadGateway, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		guest.Close()
+		writeJSON(w, http.StatusInternalServerError, control.ErrorBody{Schema: control.Schema, Error: "cannot hijack"})
+		return
+	}
+	conn, brw, err := hj.Hijack()
+	if err != nil {
+		guest.Close()
+		return
+	}
+	d.sessions.Add(1)
+	defer d.sessions.Add(-1)
+	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + control.UpgradeProto + "\r\n\r\n")
+	brw.Flush()
+	splice(conn, brw.Reader, guest)
+}
+
+func splice(client net.Conn, clientBuf io.Reader, guest net.Conn) {
+	done := make(chan struct{}, 2)
+	go func() {
+		io.Copy(guest, clientBuf)
+		if cw, ok := guest.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	go func() {
+		io.Copy(client, guest)
+		if cw, ok := client.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}()
+	<-done
+	<-done
+	client.Close()
+	guest.Close()
+}
+
+// Keys are the per-sandbox SSH keys: the client key the CLI and daemon
+// authenticate with, and the guest agent's host key.
+type Keys struct {
+	Client     ssh.Signer
+	HostPublic ssh.PublicKey
+}

@@ -1,0 +1,197 @@
+// Package guest is what runs inside the sandbox: moat init as PID 1 and the
+// moat agent, the SSH-protocol server every session goes through.
+//
+// Init prepares the guest from guest.json, written by the daemon: the agent
+// user with passwordless sudo (written by init itself, so images need not
+// ship useradd), the resolver, then starts the agent, reaps every orphan,
+// and on SIGTERM stops everything cleanly. It must be small and never exit
+// by accident: when PID 1 exits, the sandbox is gone.
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/guestspec"
+)
+
+// shutdownGrace is how long processes get between SIGTERM and SIGKILL when
+// the sandbox stops: long enough for an editor or git to finish a write.
+const shutdownGrace = 5 * time.Second
+
+// Init is PID 1 of the guest.
+func Init() int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "init")
+	spec, err := guestspec.Read(guestspec.File)
+	if err != nil {
+		log.Error("cannot start guest", "err", err)
+		return 1
+	}
+	if err := prepare(spec); err != nil {
+		log.Error("preparing guest", "err", err)
+		return 1
+	}
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
+
+	agent, err := startAgent()
+	if err != nil {
+		log.Error("starting agent", "err", err)
+		return 1
+	}
+	var restarts int
+	for sig := range sigs {
+		switch sig {
+		case unix.SIGTERM, unix.SIGINT:
+			shutdown(log)
+			return 0
+		case unix.SIGCHLD:
+			for {
+				var ws unix.WaitStatus
+				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+				if pid <= 0 || err != nil {
+					break
+				}
+				if pid == agent {
+					// The agent is the only way in; a sandbox without it is
+					// useless, so bring it back, but not in a tight loop.
+					restarts++
+					log.Warn("agent exited; restarting", "status", ws.ExitStatus(), "restarts", restarts)
+					time.Sleep(min(time.Duration(restarts)*100*time.Millisecond, 2*time.Second))
+					if agent, err = startAgent(); err != nil {
+						log.Error("restarting agent", "err", err)
+						return 1
+					}
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func startAgent() (int, error) {
+	cmd := exec.Command(guestspec.Binary, "__agent")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	// Reaped by the Wait4 loop above, not by cmd.Wait.
+	return cmd.Process.Pid, nil
+}
+
+func shutdown(log *slog.Logger) {
+	log.Info("stopping guest")
+	unix.Kill(-1, unix.SIGTERM)
+	deadline := time.Now().Add(shutdownGrace)
+	for time.Now().Before(deadline) {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.ECHILD) {
+			break
+		}
+		if pid <= 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	unix.Kill(-1, unix.SIGKILL)
+	unix.Sync()
+}
+
+// prepare writes the guest's identity files. It runs on every start; each
+// step replaces what an earlier start wrote rather than appending again.
+func prepare(s *guestspec.Spec) error {
+	for _, d := range []string{"/tmp", "/var/tmp"} {
+		os.MkdirAll(d, 0o1777)
+		os.Chmod(d, 0o1777)
+	}
+	if err := writeUser(s); err != nil {
+		return fmt.Errorf("creating user %s: %w", s.User, err)
+	}
+	if err := os.MkdirAll(s.Home, 0o755); err != nil {
+		return fmt.Errorf("creating home: %w", err)
+	}
+	os.Chown(s.Home, s.UID, s.GID)
+	if _, err := os.Stat("/etc/sudoers.d"); err == nil || sudoPresent() {
+		os.MkdirAll("/etc/sudoers.d", 0o750)
+		line := s.User + " ALL=(ALL:ALL) NOPASSWD: ALL\nDefaults:" + s.User + " !requiretty\n"
+		if err := os.WriteFile("/etc/sudoers.d/90-moat", []byte(line), 0o440); err != nil {
+			return fmt.Errorf("writing sudoers: %w", err)
+		}
+	}
+	if s.Nameserver != "" {
+		os.Remove("/etc/resolv.conf") // often a symlink into the host's /run
+		if err := os.WriteFile("/etc/resolv.conf", []byte("nameserver "+s.Nameserver+"\noptions timeout:2 attempts:2\n"), 0o644); err != nil {
+			return fmt.Errorf("writing resolv.conf: %w", err)
+		}
+	}
+	hosts := fmt.Sprintf("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t%s\n", s.Hostname)
+	if err := os.WriteFile("/etc/hosts", []byte(hosts), 0o644); err != nil {
+		return fmt.Errorf("writing hosts: %w", err)
+	}
+	os.WriteFile("/etc/hostname", []byte(s.Hostname+"\n"), 0o644)
+	return nil
+}
+
+func sudoPresent() bool {
+	for _, p := range []string{"/usr/bin/sudo", "/bin/sudo"} {
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
+}
+
+// writeUser puts the agent user into passwd and group, replacing any entry
+// with the same name or id, and adds it to the sudo/wheel groups.
+func writeUser(s *guestspec.Spec) error {
+	shell := "/bin/sh"
+	if _, err := os.Stat("/bin/bash"); err == nil {
+		shell = "/bin/bash"
+	}
+	uid, gid := strconv.Itoa(s.UID), strconv.Itoa(s.GID)
+	passwd := fmt.Sprintf("%s:x:%s:%s:moat agent:%s:%s", s.User, uid, gid, s.Home, shell)
+	if err := rewrite("/etc/passwd", func(f []string) bool { return f[0] == s.User || (len(f) > 2 && f[2] == uid) }, passwd); err != nil {
+		return err
+	}
+	group := fmt.Sprintf("%s:x:%s:", s.User, gid)
+	if err := rewrite("/etc/group", func(f []string) bool { return f[0] == s.User || (len(f) > 2 && f[2] == gid) }, group); err != nil {
+		return err
+	}
+	return nil
+}
+
+func rewrite(path string, drop func([]string) bool, add string) error {
+	b, err := os.ReadFile(path)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	var out []string
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		if drop(strings.Split(line, ":")) {
+			continue
+		}
+		out = append(out, line)
+	}
+	out = append(out, add)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	os.Remove(path)
+	return os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644)
+}
+
+var _ = syscall.Getpid

@@ -1,0 +1,151 @@
+// Package netstack is the packet front end of the egress gate: gVisor's
+// userspace TCP/IP stack served on the TAP device that is the sandbox's only
+// network interface.
+//
+// The guest's kernel (gVisor's Sentry) sends Ethernet frames into its tap0;
+// they come out of the TAP file descriptor the daemon holds, and this stack
+// is the only thing that reads them. Nothing is routed by the host kernel:
+// every connection the guest opens ends here, in a process the guest cannot
+// touch, and is either refused or handed to the gate's decision (the
+// Handler). The stack also carries the daemon's own connections into the
+// guest (the SSH agent, port forwards), which is why it has an address of
+// its own, the guest's gateway.
+package netstack
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+)
+
+// The sandbox's addressing. Every sandbox has the same addresses: each lives
+// in its own network namespace and talks only to its own daemon, so they
+// never meet (ATTACKS 21).
+var (
+	Gateway   = netip.MustParseAddr("10.88.0.1")
+	Guest     = netip.MustParseAddr("10.88.0.2")
+	PrefixLen = 24
+)
+
+// MTU of tap0. 65520 is the largest an Ethernet-framed TAP takes with room
+// for headers; large frames are what makes the userspace path fast.
+const MTU = 65520
+
+// GatewayMAC is the link address the stack answers ARP with.
+const GatewayMAC = tcpip.LinkAddress("\x02\x6d\x6f\x61\x74\x01")
+
+const nicID tcpip.NICID = 1
+
+// Stack is one sandbox's network stack.
+type Stack struct {
+	s   *stack.Stack
+	log *slog.Logger
+}
+
+// TCPHandler decides an outbound TCP connection from the guest. It runs
+// before anything is dialed. Until the gate is wired in, New's default
+// refuses every connection with a reset, so the guest fails fast.
+type TCPHandler func(r *tcp.ForwarderRequest)
+
+// Options configure New.
+type Options struct {
+	TAPFD int          // the TAP device's fd, owned by the stack from now on
+	TCP   TCPHandler   // nil: refuse everything with RST
+	Log   *slog.Logger // required
+}
+
+// New serves a stack on the TAP fd.
+func New(o Options) (*Stack, error) {
+	if err := unix.SetNonblock(o.TAPFD, true); err != nil {
+		return nil, fmt.Errorf("setting tap fd non-blocking: %w", err)
+	}
+	ep, err := fdbased.New(&fdbased.Options{
+		FDs:                []int{o.TAPFD},
+		MTU:                MTU,
+		EthernetHeader:     true,
+		Address:            GatewayMAC,
+		PacketDispatchMode: fdbased.Readv, // a TAP fd is not a socket: readv is the mode that works on it
+		RXChecksumOffload:  true,          // frames come from gVisor's own stack over a local fd; nothing corrupts them in between
+		TXChecksumOffload:  true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("creating fdbased endpoint: %w", err)
+	}
+	s := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
+		HandleLocal:        false,
+	})
+	st := &Stack{s: s, log: o.Log}
+	if e := s.CreateNIC(nicID, ep); e != nil {
+		return nil, fmt.Errorf("creating nic: %s", e)
+	}
+	// Promiscuous + spoofing: the stack accepts packets for any destination
+	// and can answer as that destination, which is how a connection to an
+	// arbitrary outside address ends up in our forwarder.
+	if e := s.SetPromiscuousMode(nicID, true); e != nil {
+		return nil, fmt.Errorf("setting promiscuous mode: %s", e)
+	}
+	if e := s.SetSpoofing(nicID, true); e != nil {
+		return nil, fmt.Errorf("setting spoofing: %s", e)
+	}
+	addr := tcpip.AddrFrom4(Gateway.As4())
+	if e := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr, PrefixLen: PrefixLen},
+	}, stack.AddressProperties{}); e != nil {
+		return nil, fmt.Errorf("adding gateway address: %s", e)
+	}
+	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
+	s.SetRouteTable([]tcpip.Route{{Destination: sub, NIC: nicID}})
+	// SACK and a large buffer: the guest↔gateway path is a memory copy,
+	// throughput is bounded by window size, not loss.
+	sack := tcpip.TCPSACKEnabled(true)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+
+	h := o.TCP
+	if h == nil {
+		h = func(r *tcp.ForwarderRequest) { r.Complete(true) }
+	}
+	// maxInFlight bounds half-open handshakes, not connections; 4096 keeps a
+	// SYN flood from the guest from growing without bound while being far
+	// above what real clients do (gvisor-tap-vsock's cap of 10 stalls npm).
+	fwd := tcp.NewForwarder(s, 0, 4096, h)
+	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	return st, nil
+}
+
+// DialGuest opens a TCP connection from the gateway to the guest's port.
+func (st *Stack) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {
+	c, err := gonet.DialContextTCP(ctx, st.s, tcpip.FullAddress{
+		NIC:  nicID,
+		Addr: tcpip.AddrFrom4(Guest.As4()),
+		Port: port,
+	}, ipv4.ProtocolNumber)
+	if err != nil {
+		return nil, fmt.Errorf("dialing guest port %d: %w", port, err)
+	}
+	return c, nil
+}
+
+// Stack exposes the underlying gVisor stack to the gate.
+func (st *Stack) Stack() *stack.Stack { return st.s }
+
+// Close tears the stack down and closes the TAP fd.
+func (st *Stack) Close() {
+	st.s.Close()
+	st.s.Wait()
+}

@@ -1,0 +1,96 @@
+// Package runtime starts a sandbox's guest under gVisor: it lays out the
+// root filesystem, the network namespace with its one TAP device, and the
+// OCI bundle, and runs runsc.
+//
+// The work is split in two so that nothing survives a killed daemon. The
+// daemon starts a short-lived shim (the same binary) in a fresh mount and
+// network namespace, with a parent-death signal. The shim mounts the
+// overlays, creates tap0, hands the TAP fd to the daemon and execs
+// `runsc run`, which keeps the parent-death signal and passes its own to the
+// sandbox and gofer. If the daemon dies, even by SIGKILL, the kernel kills
+// runsc, runsc's children die with it, and the namespaces — with every mount
+// and the TAP device in them — go away with their last process. There is no
+// cleanup code that has to run for that to be true.
+package runtime
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Share is a host path mounted into the guest.
+type Share struct {
+	Source string `json:"source"`
+	Target string `json:"target"`
+	RW     bool   `json:"rw"`
+}
+
+// Plan is everything the shim needs, written by the daemon to the sandbox's
+// state dir as shim.json before each start.
+type Plan struct {
+	ID        string   `json:"id"`        // runsc container id
+	StateDir  string   `json:"state_dir"` // the sandbox's state directory
+	Runsc     string   `json:"runsc"`     // path of the runsc binary
+	Moat      string   `json:"moat"`      // path of this binary, mounted read-only at /.moat/moat
+	GuestDir  string   `json:"guest_dir"` // host dir mounted read-only at /.moat (guest.json, host key)
+	Hostname  string   `json:"hostname"`
+	Image     string   `json:"image"`     // "host" or an OCI ref (for logs)
+	Layers    []string `json:"layers"`    // OCI image layers, lowest first; empty for the host image
+	Env       []string `json:"env"`       // image environment for init
+	Workspace string   `json:"workspace"` // project dir, mounted read-write at the same path
+	Shares    []Share  `json:"shares"`
+	Debug     bool     `json:"debug"` // runsc --debug logs into the state dir
+}
+
+// Paths inside a sandbox's state dir. These names are on disk: frozen.
+func (p *Plan) upper() string   { return filepath.Join(p.StateDir, "upper") }
+func (p *Plan) work() string    { return filepath.Join(p.StateDir, "work") }
+func (p *Plan) merged() string  { return filepath.Join(p.StateDir, "merged") }
+func (p *Plan) rootDir() string { return filepath.Join(p.StateDir, "root") }
+
+// RunscRoot is runsc's --root for this sandbox.
+func RunscRoot(stateDir string) string { return filepath.Join(stateDir, "runsc") }
+
+// BundleDir holds config.json.
+func BundleDir(stateDir string) string { return filepath.Join(stateDir, "bundle") }
+
+// WritePlan stores the plan for the shim.
+func WritePlan(path string, p *Plan) error {
+	b, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encoding shim plan: %w", err)
+	}
+	return os.WriteFile(path, b, 0o600)
+}
+
+// ReadPlan loads a plan.
+func ReadPlan(path string) (*Plan, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading shim plan: %w", err)
+	}
+	var p Plan
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("parsing shim plan %s: %w", path, err)
+	}
+	return &p, nil
+}
+
+// RunscArgs are the global flags every runsc call for this sandbox uses.
+func RunscArgs(stateDir string, debug bool) []string {
+	a := []string{
+		"--root=" + RunscRoot(stateDir),
+		"--platform=systrap", // no /dev/kvm on the machines moat targets first
+		"--network=sandbox",  // gVisor's netstack owns tap0; the host kernel routes nothing
+		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
+		"--ignore-cgroups",   // limits are applied by moat itself, which also cleans them up
+		"--host-uds=none",    // no host unix sockets reachable (ATTACKS 8)
+		"--log-format=text",
+	}
+	if debug {
+		a = append(a, "--debug", "--debug-log="+filepath.Join(stateDir, "runsc-logs")+"/")
+	}
+	return a
+}

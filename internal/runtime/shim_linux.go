@@ -1,0 +1,264 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/netstack"
+)
+
+// ShimFD is the fd on which the shim sends the TAP fd to the daemon.
+const ShimFD = 3
+
+// Shim runs in the fresh namespaces: it mounts the root filesystem,
+// creates tap0, hands its fd to the daemon over ShimFD and execs runsc. It
+// returns only on error.
+func Shim(planPath string) error {
+	p, err := ReadPlan(planPath)
+	if err != nil {
+		return err
+	}
+	rootPath, mounts, err := p.mountRootfs()
+	if err != nil {
+		return fmt.Errorf("mounting root filesystem: %w", err)
+	}
+	tapFD, err := createTAP()
+	if err != nil {
+		return fmt.Errorf("creating tap device: %w", err)
+	}
+	if err := unix.Sendmsg(ShimFD, []byte("tap"), unix.UnixRights(tapFD), nil, 0); err != nil {
+		return fmt.Errorf("sending tap fd to the daemon: %w", err)
+	}
+	unix.Close(tapFD)
+	unix.CloseOnExec(ShimFD)
+
+	spec := p.ociSpec(rootPath, mounts)
+	bundle := BundleDir(p.StateDir)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return fmt.Errorf("creating bundle: %w", err)
+	}
+	if err := writeSpec(filepath.Join(bundle, "config.json"), spec); err != nil {
+		return err
+	}
+	args := append([]string{"runsc"}, RunscArgs(p.StateDir, p.Debug)...)
+	args = append(args, "run", "--bundle="+bundle, p.ID)
+	return fmt.Errorf("executing runsc: %w", syscall.Exec(p.Runsc, args, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}))
+}
+
+// hostDirs are the host's system directories a host-image sandbox sees,
+// each as the read-only lower layer of its own overlay. /var as a whole is
+// fresh; only the package manager's state comes from the host, so that
+// `sudo apt-get install` works inside and changes nothing outside.
+var hostDirs = []string{"usr", "etc", "opt", "var/lib/dpkg", "var/lib/apt"}
+
+// hostLinks are top-level entries that are symlinks on merged-/usr hosts
+// (bin -> usr/bin); they are copied as symlinks, or overlaid when the host
+// has real directories there.
+var hostLinks = []string{"bin", "sbin", "lib", "lib32", "lib64", "libx32"}
+
+// hiddenEtc are host files that hold secrets; the guest's /etc overlay
+// hides them with whiteouts.
+var hiddenEtc = []string{
+	"shadow", "shadow-", "gshadow", "gshadow-", "security/opasswd",
+	"ssl/private", "krb5.keytab", "sudoers.d/moat-host",
+}
+
+type bindMount struct {
+	Source, Target string
+	RW             bool
+}
+
+// mountRootfs builds the root filesystem in this (private) mount namespace
+// and returns the root path and the bind mounts to place on it.
+func (p *Plan) mountRootfs() (string, []bindMount, error) {
+	for _, d := range []string{p.upper(), p.work(), p.merged()} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return "", nil, err
+		}
+	}
+	if len(p.Layers) > 0 {
+		root := filepath.Join(p.merged(), "root")
+		lower := make([]string, len(p.Layers))
+		for i, l := range p.Layers {
+			lower[len(p.Layers)-1-i] = l
+		}
+		if err := overlay(strings.Join(lower, ":"), filepath.Join(p.upper(), "root"), filepath.Join(p.work(), "root"), root); err != nil {
+			return "", nil, err
+		}
+		for _, d := range []string{"proc", "sys", "dev", "tmp", "run", ".moat", "home"} {
+			os.MkdirAll(filepath.Join(root, d), 0o755)
+		}
+		return root, nil, nil
+	}
+
+	root := p.rootDir()
+	for _, d := range []string{"proc", "sys", "dev", "run", ".moat", "home", "var/lib/dpkg", "var/lib/apt", "var/cache", "var/log", "var/tmp", "usr", "etc", "opt", "root"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return "", nil, err
+		}
+	}
+	os.MkdirAll(filepath.Join(root, "tmp"), 0o1777)
+	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	os.Chmod(filepath.Join(root, "var/tmp"), 0o1777)
+	os.Chmod(filepath.Join(root, "root"), 0o700)
+
+	var mounts []bindMount
+	dirs := append([]string{}, hostDirs...)
+	for _, l := range hostLinks {
+		fi, err := os.Lstat("/" + l)
+		if err != nil {
+			continue
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			target, err := os.Readlink("/" + l)
+			if err != nil {
+				return "", nil, err
+			}
+			dst := filepath.Join(root, l)
+			if cur, err := os.Readlink(dst); err != nil || cur != target {
+				os.Remove(dst)
+				if err := os.Symlink(target, dst); err != nil {
+					return "", nil, err
+				}
+			}
+			continue
+		}
+		os.MkdirAll(filepath.Join(root, l), 0o755)
+		dirs = append(dirs, l)
+	}
+	for _, d := range dirs {
+		if fi, err := os.Stat("/" + d); err != nil || !fi.IsDir() {
+			continue
+		}
+		upper := filepath.Join(p.upper(), d)
+		if d == "etc" {
+			if err := hideSecrets(upper); err != nil {
+				return "", nil, err
+			}
+		}
+		merged := filepath.Join(p.merged(), d)
+		if err := overlay("/"+d, upper, filepath.Join(p.work(), d), merged); err != nil {
+			return "", nil, err
+		}
+		mounts = append(mounts, bindMount{Source: merged, Target: "/" + d, RW: true})
+	}
+	return root, mounts, nil
+}
+
+// hideSecrets puts overlay whiteouts (0/0 character devices) in the /etc
+// upper layer for host files that hold secrets, unless the guest has
+// written its own file there.
+func hideSecrets(upper string) error {
+	if err := os.MkdirAll(upper, 0o755); err != nil {
+		return err
+	}
+	names := append([]string{}, hiddenEtc...)
+	keys, _ := filepath.Glob("/etc/ssh/ssh_host_*_key")
+	for _, k := range keys {
+		names = append(names, strings.TrimPrefix(k, "/etc/"))
+	}
+	for _, n := range names {
+		if _, err := os.Lstat(filepath.Join("/etc", n)); err != nil {
+			continue
+		}
+		dst := filepath.Join(upper, n)
+		if _, err := os.Lstat(dst); err == nil {
+			continue
+		}
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mknod(dst, unix.S_IFCHR|0o000, 0); err != nil {
+			return fmt.Errorf("hiding /etc/%s: %w", n, err)
+		}
+	}
+	return nil
+}
+
+func overlay(lower, upper, work, target string) error {
+	for _, d := range []string{upper, work, target} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	// A work dir left over from a killed run can make the mount fail with
+	// EBUSY on some kernels; its content is scratch by definition.
+	os.RemoveAll(filepath.Join(work, "work"))
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mounting overlay on %s (%s): %w", target, opts, err)
+	}
+	return nil
+}
+
+// createTAP creates tap0 in this network namespace, configured as the
+// guest's interface (the address is taken over by gVisor's netstack inside
+// the sandbox), and returns its fd.
+func createTAP() (int, error) {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening /dev/net/tun (is the tun module loaded? try: modprobe tun): %w", err)
+	}
+	ifr, err := unix.NewIfreq("tap0")
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNSETIFF: %w", err)
+	}
+	if err := configureLinks(); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func configureLinks() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("finding lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	tap, err := netlink.LinkByName("tap0")
+	if err != nil {
+		return fmt.Errorf("finding tap0: %w", err)
+	}
+	if err := netlink.LinkSetMTU(tap, netstack.MTU); err != nil {
+		return fmt.Errorf("setting tap0 mtu: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: netstack.Guest.AsSlice(), Mask: net.CIDRMask(netstack.PrefixLen, 32)}}
+	if err := netlink.AddrAdd(tap, addr); err != nil {
+		return fmt.Errorf("adding tap0 address: %w", err)
+	}
+	if err := netlink.LinkSetUp(tap); err != nil {
+		return fmt.Errorf("bringing tap0 up: %w", err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tap.Attrs().Index, Gw: netstack.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("adding default route: %w", err)
+	}
+	// A permanent neighbour entry is copied into the sandbox by runsc, so
+	// the guest never has to ARP for its gateway.
+	if err := netlink.NeighAdd(&netlink.Neigh{
+		LinkIndex:    tap.Attrs().Index,
+		State:        netlink.NUD_PERMANENT,
+		IP:           netstack.Gateway.AsSlice(),
+		HardwareAddr: net.HardwareAddr(netstack.GatewayMAC),
+	}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding gateway neighbour: %w", err)
+	}
+	return nil
+}

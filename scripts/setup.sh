@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs what moat needs on a fresh Debian 12 host and builds moat and
+# gVisor's runsc (both static) into ./bin. Safe to run again: every step is
+# skipped when already done, and Go's build cache makes rebuilds quick.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "setup.sh: run as root (it installs packages and loads kernel modules): sudo $0" >&2
+	exit 4
+fi
+
+need=()
+command -v sudo >/dev/null || need+=(sudo)               # passwordless sudo inside host-image sandboxes
+[ -x /bin/busybox ] || need+=(busybox-static)             # tests build a tiny OCI image from it
+command -v ip >/dev/null || need+=(iproute2)
+if [ ${#need[@]} -gt 0 ]; then
+	echo "setup.sh: installing ${need[*]}" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+modprobe tun 2>/dev/null || true
+modprobe overlay 2>/dev/null || true
+
+export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0
+mkdir -p bin
+version=$(git describe --always --dirty 2>/dev/null || echo dev)
+go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version" -o bin/moat ./cmd/moat
+# gVisor at the version pinned in go.mod (tool directive). Static: a
+# dynamically linked runsc fails after pivot_root.
+go build -trimpath -ldflags "-s -w" -o bin/runsc gvisor.dev/gvisor/runsc
+echo "setup.sh: built bin/moat and bin/runsc ($(bin/runsc --version | head -1))" >&2
