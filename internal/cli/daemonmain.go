@@ -85,7 +85,7 @@ func daemonMain(dir string) int {
 		Schema: guestspec.Schema, Hostname: rec.Name, User: "agent", UID: rec.GuestUID, GID: rec.GuestGID,
 		Home: home, Workspace: rec.Workspace, Listen: netstack.Guest.String() + ":22",
 		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
-		HostKey: guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
+		HostKey:       guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image}
 	if ready != nil {

@@ -45,9 +45,6 @@ const ReadyFD = 3
 // bootTimeout bounds how long the guest agent may take to answer.
 const bootTimeout = 60 * time.Second
 
-// stopGrace is how long the guest gets between SIGTERM and SIGKILL.
-const stopGrace = 10 * time.Second
-
 // Options are the daemon's inputs.
 type Options struct {
 	Dir      string // the sandbox's state directory
@@ -217,6 +214,7 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.ExtraFiles = []*os.File{theirs}
 		cmd.SysProcAttr = &syscall.SysProcAttr{
+			Cloneflags:   syscall.CLONE_NEWPID,
 			Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
 			Pdeathsig:    syscall.SIGKILL,
 		}
@@ -287,15 +285,13 @@ func (d *daemon) waitAgent(exited <-chan error) error {
 }
 
 func (d *daemon) stopGuest(exited <-chan error) {
-	id := d.o.Plan.ID
-	args := append(runtime.RunscArgs(d.o.Dir, false), "kill", id, "TERM")
-	if out, err := exec.Command(d.o.Runsc, args...).CombinedOutput(); err != nil {
-		d.log.Warn("runsc kill TERM failed", "err", err, "out", string(out))
+	if pid := d.shimPID.Load(); pid > 0 {
+		unix.Kill(int(pid), unix.SIGTERM)
 	}
 	select {
 	case <-exited:
 		return
-	case <-time.After(stopGrace):
+	case <-time.After(runtime.StopGrace + 2*time.Second):
 		d.log.Warn("guest did not stop in time; killing")
 	}
 	d.kill()

@@ -87,6 +87,7 @@ func RunscArgs(stateDir string, debug bool) []string {
 		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
 		"--ignore-cgroups",   // limits are applied by moat itself, which also cleans them up
 		"--host-uds=none",    // no host unix sockets reachable (ATTACKS 8)
+		"--allow-suid",       // sudo in the guest: it elevates to root of the guest kernel only
 		"--log-format=text",
 	}
 	if debug {

@@ -6,9 +6,12 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -26,6 +29,10 @@ func Shim(planPath string) error {
 	p, err := ReadPlan(planPath)
 	if err != nil {
 		return err
+	}
+	// A /proc of this PID namespace, so runsc's view of pids is its own.
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
 	}
 	rootPath, mounts, err := p.mountRootfs()
 	if err != nil {
@@ -49,9 +56,48 @@ func Shim(planPath string) error {
 	if err := writeSpec(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
 	}
-	args := append([]string{"runsc"}, RunscArgs(p.StateDir, p.Debug)...)
-	args = append(args, "run", "--bundle="+bundle, p.ID)
-	return fmt.Errorf("executing runsc: %w", syscall.Exec(p.Runsc, args, []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}))
+	return superviseRunsc(p, bundle)
+}
+
+// StopGrace is how long the guest gets between SIGTERM and SIGKILL.
+const StopGrace = 10 * time.Second
+
+// superviseRunsc runs `runsc run` as a child and waits for it. The shim is
+// PID 1 of its own PID namespace, so when it dies — also when the daemon
+// dies and the parent-death signal kills it — the kernel kills every
+// process in the namespace: runsc, its gofer and sandbox. runsc run alone
+// would not do: it outlives a killed parent. SIGTERM asks the guest to stop
+// (runsc kill TERM, run from inside this namespace, where runsc's recorded
+// pids mean what they say), then kills it after StopGrace.
+func superviseRunsc(p *Plan, bundle string) error {
+	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	cmd := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, p.Debug), "run", "--bundle="+bundle, p.ID)...)
+	cmd.Stdout, cmd.Stderr, cmd.Env = os.Stdout, os.Stderr, env
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting runsc: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case err := <-done:
+			if err != nil {
+				return fmt.Errorf("runsc: %w", err)
+			}
+			return nil
+		case <-sigs:
+			kill := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, false), "kill", p.ID, "TERM")...)
+			kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
+			kill.Run()
+			go func() {
+				time.Sleep(StopGrace)
+				cmd.Process.Kill()
+			}()
+		}
+	}
 }
 
 // hostDirs are the host's system directories a host-image sandbox sees,

@@ -35,7 +35,8 @@ func (p *Plan) ociSpec(root string, binds []bindMount) *specs.Spec {
 		{Destination: "/run", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=755"}},
 	}
 	for _, b := range binds {
-		mounts = append(mounts, bind(b.Source, b.Target, b.RW))
+		// System directories keep setuid: sudo lives there.
+		mounts = append(mounts, specs.Mount{Destination: b.Target, Type: "bind", Source: b.Source, Options: []string{"rbind", "rw"}})
 	}
 	mounts = append(mounts,
 		bind(p.GuestDir, guestspec.Dir, false),
