@@ -164,11 +164,38 @@ func writeUser(s *guestspec.Spec) error {
 	if err := rewrite("/etc/passwd", func(f []string) bool { return f[0] == s.User || (len(f) > 2 && f[2] == uid) }, passwd); err != nil {
 		return err
 	}
+	// The host's shadow is hidden from the guest; without an entry PAM's
+	// account check (which sudo runs even with NOPASSWD) refuses the user.
+	// "*": no password can log in; the account itself is valid.
+	if err := ensureShadow(s.User); err != nil {
+		return err
+	}
 	group := fmt.Sprintf("%s:x:%s:", s.User, gid)
 	if err := rewrite("/etc/group", func(f []string) bool { return f[0] == s.User || (len(f) > 2 && f[2] == gid) }, group); err != nil {
 		return err
 	}
 	return nil
+}
+
+func ensureShadow(user string) error {
+	passwd, _ := os.ReadFile("/etc/passwd")
+	old, _ := os.ReadFile("/etc/shadow")
+	have := map[string]bool{}
+	var out []string
+	for _, l := range strings.Split(strings.TrimRight(string(old), "\n"), "\n") {
+		if f := strings.Split(l, ":"); l != "" && f[0] != user {
+			have[f[0]] = true
+			out = append(out, l)
+		}
+	}
+	for _, l := range strings.Split(string(passwd), "\n") {
+		name, _, _ := strings.Cut(l, ":")
+		if name != "" && !have[name] {
+			out = append(out, name+":*:19000:0:99999:7:::")
+		}
+	}
+	os.Remove("/etc/shadow")
+	return os.WriteFile("/etc/shadow", []byte(strings.Join(out, "\n")+"\n"), 0o640)
 }
 
 func rewrite(path string, drop func([]string) bool, add string) error {
