@@ -190,7 +190,7 @@ func assertNothingLeft(t *testing.T) {
 			left = append(left, "mounts under MOAT_HOME")
 		}
 		for _, l := range strings.Split(string(ps), "\n") {
-			if strings.Contains(l, "runsc") && strings.Contains(l, moatHome) || strings.Contains(l, "__daemon "+moatHome) {
+			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim")) {
 				left = append(left, l)
 			}
 		}
@@ -214,6 +214,9 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
+	}
+	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
+		time.Sleep(50 * time.Millisecond)
 	}
 	assertNothingLeft(t)
 	if out := mustMoat(t, dir, "list"); !strings.Contains(out, "crashed") {
