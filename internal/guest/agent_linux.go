@@ -41,7 +41,12 @@ func Agent() int {
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
 	defer cancel()
+	shell := "/bin/sh"
+	if _, err := os.Stat("/bin/bash"); err == nil {
+		shell = "/bin/bash"
+	}
 	srv := &agent.Server{
+		Shell:   shell,
 		HostKey: host, AuthorizedKey: auth,
 		UID: spec.UID, GID: spec.GID,
 		Home: spec.Home, Dir: spec.Workspace, Env: spec.Env, Log: log,

@@ -1,0 +1,128 @@
+package e2e
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/creack/pty"
+)
+
+// ptyReader collects what the terminal shows.
+type ptyReader struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (p *ptyReader) waitFor(t *testing.T, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		p.mu.Lock()
+		ok := strings.Contains(p.buf.String(), want)
+		p.mu.Unlock()
+		if ok {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Fatalf("terminal never showed %q; it showed:\n%s", want, p.buf.String())
+}
+
+func TestShellThroughPTY(t *testing.T) {
+	dir := project(t, "ptyshell")
+	mustMoat(t, dir, "up")
+	cmd := exec.Command(moatBin, "shell")
+	cmd.Dir, cmd.Env = dir, moatEnv([]string{"TERM=xterm"})
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	defer cmd.Process.Kill()
+	out := &ptyReader{}
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := f.Read(b)
+			out.mu.Lock()
+			out.buf.Write(b[:n])
+			out.mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	f.Write([]byte("tty | sed 's/^/TTY=/'\n"))
+	out.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
+	if err := pty.Setsize(f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	f.Write([]byte("stty size | sed 's/^/SIZE=/'\n"))
+	out.waitFor(t, "SIZE=40 100", 10*time.Second)
+	start := time.Now()
+	f.Write([]byte("sleep 30\n"))
+	time.Sleep(500 * time.Millisecond)
+	f.Write([]byte{3}) // Ctrl-C: interrupts sleep in the guest, not the session
+	time.Sleep(200 * time.Millisecond) // let the guest shell redraw its prompt
+	time.Sleep(300 * time.Millisecond)
+	f.Write([]byte("echo ALIVE-$((40+2))\n"))
+	out.waitFor(t, "ALIVE-42", 10*time.Second)
+	if time.Since(start) > 20*time.Second {
+		t.Fatal("Ctrl-C did not interrupt sleep")
+	}
+	f.Write([]byte("exit 3\n"))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 3 {
+			t.Fatalf("shell exit: %v, want status 3", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("shell did not exit")
+	}
+}
+
+// TestClientGoneKillsGroup: killing the CLI mid-command kills the guest
+// session's whole process group, and orphans leave no zombies.
+func TestClientGoneKillsGroup(t *testing.T) {
+	dir := project(t, "killgroup")
+	mustMoat(t, dir, "up")
+	cmd := exec.Command(moatBin, "run", "--", "sh", "-c", "sleep 301 & sleep 302 & echo started; wait")
+	cmd.Dir, cmd.Env = dir, moatEnv(nil)
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 7)
+	if _, err := stdout.Read(b); err != nil || string(b) != "started" {
+		t.Fatalf("read %q, %v", b, err)
+	}
+	cmd.Process.Signal(os.Kill)
+	cmd.Wait()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out := mustMoat(t, dir, "run", "--", "ps", "-eo", "stat,args")
+		if !strings.Contains(out, "sleep 30") && !strings.Contains(out, "\nZ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("session processes or zombies left:\n%s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A program that orphans children: they are reaped by init, no zombies.
+	mustMoat(t, dir, "run", "--", "sh", "-c", "for i in 1 2 3 4 5; do (sleep 0.1 &) ; done; sleep 0.5")
+	time.Sleep(500 * time.Millisecond)
+	if out := mustMoat(t, dir, "run", "--", "ps", "-eo", "stat"); strings.Contains(out, "Z") {
+		t.Fatalf("zombies:\n%s", out)
+	}
+}
