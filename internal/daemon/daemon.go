@@ -267,7 +267,10 @@ func (d *daemon) waitAgent(exited <-chan error) error {
 			return fmt.Errorf("guest exited during boot: %v", err)
 		default:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		// A short dial timeout: a SYN sent before the guest's stack is up is
+		// dropped, and waiting out TCP's 1 s retransmit would add a second
+		// to every boot.
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		c, err := d.stack.DialGuest(ctx, 22)
 		cancel()
 		if err == nil {

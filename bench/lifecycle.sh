@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Lifecycle benchmarks, each against its baseline in the same run; prints
+# medians of N runs and their ratio. Needs root and ./scripts/setup.sh.
+#   cold: `moat run -- true` on a never-started sandbox  vs  bare `runsc run` of the host's rootfs
+#   warm: `moat exec N -- true`                           vs  `runsc exec` into the same sandbox
+#   mem:  PSS of one idle sandbox (daemon + shim + runsc + gofer + sandbox)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-10}
+MOAT=$PWD/bin/moat RUNSC=$PWD/bin/runsc
+export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
+proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
+trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare"' EXIT
+
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+
+# Bare runsc: the host's / as a read-only root with a memory overlay, no network.
+bare=$(mktemp -d /tmp/moat-bench-bare-XXXX)
+cat > "$bare/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"user":{"uid":0,"gid":0},"args":["/bin/true"],"cwd":"/","env":["PATH=/usr/bin:/bin"]},
+ "root":{"path":"/","readonly":true},"hostname":"bare",
+ "mounts":[{"destination":"/proc","type":"proc","source":"proc"},{"destination":"/tmp","type":"tmpfs","source":"tmpfs"}],
+ "linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"},{"type":"network"}]}}
+JSON
+rflags=(--root="$bare/state" --platform=systrap --network=none --ignore-cgroups)
+
+cold_moat=() cold_bare=()
+for i in $(seq "$N"); do
+	"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true
+	t=$(date +%s%N); (cd "$proj" && "$MOAT" run --name benchproj -- true 2>/dev/null); cold_moat+=("$(ms "$t")")
+	t=$(date +%s%N); "$RUNSC" "${rflags[@]}" run --bundle="$bare" "bare$i" >/dev/null; cold_bare+=("$(ms "$t")")
+done
+
+# Warm: the sandbox from the last cold run is up.
+shim=$(pgrep -f "__shim $MOAT_HOME/state/sandboxes/benchproj/" | head -1)
+sroot=$MOAT_HOME/state/sandboxes/benchproj/runsc
+warm_moat=() warm_bare=()
+for i in $(seq "$N"); do
+	t=$(date +%s%N); "$MOAT" exec benchproj -- true; warm_moat+=("$(ms "$t")")
+	t=$(date +%s%N); nsenter -t "$shim" -p -m -n "$RUNSC" --root="$sroot" exec moat-benchproj /bin/true; warm_bare+=("$(ms "$t")")
+done
+
+# Memory of the idle sandbox: every process from the daemon down.
+sleep 2
+daemon=$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")
+pids="$daemon $(pgrep -P "$daemon" | tr '\n' ' ')"
+for p in $pids; do pids="$pids $(pgrep -P "$p" | tr '\n' ' ')"; done
+pids=$(for p in $pids; do echo "$p"; done | sort -u)
+for p in $pids; do pids="$pids $(pgrep -P "$p" | tr '\n' ' ')"; done
+pss_kb=$(for p in $(for p in $pids; do echo "$p"; done | sort -u); do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
+
+cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
+wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[@]}" | median)
+printf 'runs: %d each, medians in ms\n' "$N"
+printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
+printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
+printf 'idle sandbox PSS: %d MiB over %d processes (target <= 40 MiB)\n' "$((pss_kb / 1024))" "$(for p in $pids; do echo $p; done | sort -u | wc -l)"
