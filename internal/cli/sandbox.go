@@ -263,6 +263,11 @@ func (e *env) forCwd(name string) (string, *state.Record, error) {
 // guest agent answers. A start lock makes concurrent callers wait for one
 // daemon instead of racing to start two.
 func (e *env) start(dir string) error {
+	// The warm path: a running sandbox needs no lock and no record write
+	// (the write is an fsync, the most expensive step of a warm exec).
+	if r, err := state.Load(dir); err == nil && r.State == state.StateRunning && r.Desired == "running" && state.DaemonAlive(dir) {
+		return nil
+	}
 	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
 	if err != nil {
 		return err
