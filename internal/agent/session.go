@@ -2,271 +2,345 @@ package agent
 
 import (
 	"context"
-	"encoding/binary"
+	"errors"
 	"fmt"
-	"io"
+	"io/fs"
+	"log/slog"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
-	"time"
 
 	"github.com/creack/pty"
 	"golang.org/x/crypto/ssh"
 )
 
-// sessionState is what a session's requests have set before it starts.
-type sessionState struct {
-	env        []string
-	dir        string
-	pty        bool
-	term       string
-	cols, rows uint16
+// cwdEnv is the environment variable the client uses to choose the session's
+// working directory. It travels as an env request because SSH has no
+// working-directory request, and it is consumed here, never passed on.
+const cwdEnv = "MOAT_CWD"
+
+// exitSetupFailed is the exit status when the command never started (bad
+// working directory, exec failure); 1, as sshd's child uses when it cannot
+// exec the shell.
+const exitSetupFailed = 1
+
+// session is one SSH "session" channel: the requests that configure it, then
+// at most one process.
+type session struct {
+	srv *Server
+	ch  ssh.Channel
+	log *slog.Logger
+
+	env  []string // client env requests as NAME=value, in arrival order
+	cwd  string   // from MOAT_CWD; empty means the server default
+	pty  *ptyRequest
+	proc *process
+
+	// setupErr is set when exec or shell was accepted but the command could
+	// not start; it is reported once the request has been answered.
+	setupErr error
 }
 
-// signals maps RFC 4254 names to signals.
-var signals = map[string]syscall.Signal{
-	"ABRT": syscall.SIGABRT, "ALRM": syscall.SIGALRM, "FPE": syscall.SIGFPE, "HUP": syscall.SIGHUP,
-	"ILL": syscall.SIGILL, "INT": syscall.SIGINT, "KILL": syscall.SIGKILL, "PIPE": syscall.SIGPIPE,
-	"QUIT": syscall.SIGQUIT, "SEGV": syscall.SIGSEGV, "TERM": syscall.SIGTERM, "USR1": syscall.SIGUSR1,
-	"USR2": syscall.SIGUSR2,
+type ptyRequest struct {
+	term string
+	size pty.Winsize
 }
 
+// serveSession is the channelHandler for "session" channels.
 func (s *Server) serveSession(ctx context.Context, nch ssh.NewChannel) {
 	ch, reqs, err := nch.Accept()
 	if err != nil {
+		s.log().Warn("accepting session channel", "err", err)
 		return
 	}
-	defer ch.Close()
-	st := &sessionState{dir: s.defaultDir(), term: "xterm-256color"}
-	var (
-		mu      sync.Mutex
-		ptmx    *os.File
-		pgid    int
-		started bool
-		done    = make(chan int, 1)
-	)
+	ss := &session{srv: s, ch: ch, log: s.log()}
+	ss.serve(ctx, reqs)
+}
+
+// serve handles requests until the process exits, the client closes the
+// channel, or ctx ends; in the last two cases the process group is killed.
+func (ss *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
+	defer func() {
+		ss.ch.Close()
+		if ss.proc != nil {
+			ss.proc.close()
+			// The input goroutine ends once the channel is fully closed
+			// (the peer's close, or the connection's end); by now both
+			// are on their way.
+			ss.proc.input.Wait()
+		}
+	}()
+	var exited <-chan struct{} // nil (blocks forever) until a process starts
 	for {
-		var req *ssh.Request
 		select {
-		case req = <-reqs:
-		case code := <-done:
-			s.finish(ch, code)
+		case req, ok := <-reqs:
+			if !ok {
+				// Channel closed by the client or connection lost.
+				ss.stop()
+				return
+			}
+			ok = ss.handle(req)
+			if req.WantReply {
+				req.Reply(ok, nil)
+			}
+			if ss.setupErr != nil {
+				ss.fail()
+				ss.drain(reqs)
+				return
+			}
+			if ss.proc != nil {
+				exited = ss.proc.done
+			}
+		case <-exited:
+			ss.finish()
+			ss.drain(reqs)
 			return
 		case <-ctx.Done():
-			mu.Lock()
-			killGroup(pgid)
-			mu.Unlock()
+			ss.stop()
 			return
 		}
-		if req == nil {
-			// The client closed the channel: nothing may outlive it.
-			mu.Lock()
-			killGroup(pgid)
-			mu.Unlock()
-			if started {
-				select {
-				case <-done:
-				case <-time.After(2 * time.Second):
-				}
-			}
-			return
-		}
-		ok := true
-		switch req.Type {
-		case "env":
-			var kv struct{ Name, Value string }
-			if ssh.Unmarshal(req.Payload, &kv) != nil {
-				ok = false
-				break
-			}
-			if kv.Name == "MOAT_CWD" {
-				st.dir = kv.Value
-			} else {
-				st.env = append(st.env, kv.Name+"="+kv.Value)
-			}
-		case "pty-req":
-			var p struct {
-				Term                 string
-				Cols, Rows, W, H     uint32
-				Modes                string
-			}
-			if ssh.Unmarshal(req.Payload, &p) != nil {
-				ok = false
-				break
-			}
-			st.pty, st.cols, st.rows = true, uint16(p.Cols), uint16(p.Rows)
-			if p.Term != "" {
-				st.term = p.Term
-			}
-		case "window-change":
-			if len(req.Payload) >= 8 {
-				cols := binary.BigEndian.Uint32(req.Payload)
-				rows := binary.BigEndian.Uint32(req.Payload[4:])
-				mu.Lock()
-				if ptmx != nil {
-					pty.Setsize(ptmx, &pty.Winsize{Cols: uint16(cols), Rows: uint16(rows)})
-				}
-				mu.Unlock()
-			}
-		case "signal":
-			var sig struct{ Name string }
-			ssh.Unmarshal(req.Payload, &sig)
-			mu.Lock()
-			if n, found := signals[sig.Name]; found && pgid > 0 {
-				syscall.Kill(-pgid, n)
-			}
-			mu.Unlock()
-		case "exec", "shell":
-			if started {
-				ok = false
-				break
-			}
-			var argv []string
-			if req.Type == "exec" {
-				var c struct{ Command string }
-				if ssh.Unmarshal(req.Payload, &c) != nil {
-					ok = false
-					break
-				}
-				argv = []string{s.shell(), "-c", c.Command}
-			} else {
-				argv = []string{s.shell(), "-l"}
-			}
-			if fi, err := os.Stat(st.dir); err != nil || !fi.IsDir() {
-				fmt.Fprintf(ch.Stderr(), "moat: working directory %s does not exist in the sandbox\n", st.dir)
-				req.Reply(true, nil)
-				s.finish(ch, 1)
-				return
-			}
-			p, g, err := s.start(ch, st, argv, done)
-			if err != nil {
-				fmt.Fprintf(ch.Stderr(), "moat: starting %s: %v\n", argv[0], err)
-				req.Reply(true, nil)
-				s.finish(ch, 127)
-				return
-			}
-			mu.Lock()
-			ptmx, pgid, started = p, g, true
-			mu.Unlock()
-		default:
-			ok = false
-		}
-		if req.WantReply {
-			req.Reply(ok, nil)
-		}
 	}
 }
 
-func (s *Server) finish(ch ssh.Channel, code int) {
-	ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(code)}))
-	ch.Close()
-}
-
-func killGroup(pgid int) {
-	if pgid > 0 {
-		syscall.Kill(-pgid, syscall.SIGKILL)
-	}
-}
-
-// start runs argv for the session; done receives the exit code once all
-// output has been copied and the group has been killed.
-func (s *Server) start(ch ssh.Channel, st *sessionState, argv []string, done chan<- int) (*os.File, int, error) {
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Dir = st.dir
-	env := append([]string{}, s.Env...)
-	env = append(env, "SHELL="+s.shell(), "TERM="+st.term)
-	cmd.Env = mergeEnv(env, st.env)
-	attr := &syscall.SysProcAttr{Credential: s.credential()}
-	if st.pty {
-		attr.Setsid, attr.Setctty = true, true
-		cmd.SysProcAttr = attr
-		ptmx, err := pty.StartWithAttrs(cmd, &pty.Winsize{Cols: st.cols, Rows: st.rows}, attr)
-		if err != nil {
-			return nil, 0, err
+func (ss *session) handle(req *ssh.Request) bool {
+	switch req.Type {
+	case "env":
+		return ss.handleEnv(req.Payload)
+	case "pty-req":
+		return ss.handlePty(req.Payload)
+	case "window-change":
+		return ss.handleWindowChange(req.Payload)
+	case "exec":
+		var m struct{ Command string }
+		if ss.proc != nil || ssh.Unmarshal(req.Payload, &m) != nil {
+			return false
 		}
-		go io.Copy(ptmx, ch)
-		copied := make(chan struct{})
-		go func() { io.Copy(ch, ptmx); close(copied) }()
-		pgid := cmd.Process.Pid
-		go func() {
-			err := cmd.Wait()
-			// Output still in the pty buffer is drained before the status.
-			select {
-			case <-copied:
-			case <-time.After(500 * time.Millisecond):
-			}
-			killGroup(pgid)
-			ptmx.Close()
-			done <- exitCode(err)
-		}()
-		return ptmx, pgid, nil
+		ss.start(m.Command)
+		return true
+	case "shell":
+		if ss.proc != nil {
+			return false
+		}
+		ss.start("")
+		return true
+	case "signal":
+		return ss.handleSignal(req.Payload)
 	}
-	attr.Setpgid = true
-	cmd.SysProcAttr = attr
-	stdin, err := cmd.StdinPipe()
+	// subsystem (sftp), auth-agent-req@openssh.com, x11-req and keepalives
+	// are refused; OpenSSH clients treat a failure reply as "not available".
+	return false
+}
+
+func (ss *session) handleEnv(payload []byte) bool {
+	var m struct{ Name, Value string }
+	if err := ssh.Unmarshal(payload, &m); err != nil {
+		return false
+	}
+	// Any name is accepted (the sandbox is the user's), but one that cannot
+	// be represented in an environ entry would make exec fail later.
+	if m.Name == "" || strings.ContainsAny(m.Name, "=\x00") || strings.ContainsRune(m.Value, 0) {
+		return false
+	}
+	if m.Name == cwdEnv {
+		ss.cwd = m.Value
+		return true
+	}
+	ss.env = append(ss.env, m.Name+"="+m.Value)
+	return true
+}
+
+func (ss *session) handlePty(payload []byte) bool {
+	var m struct {
+		Term                      string
+		Cols, Rows, Width, Height uint32
+		Modes                     string
+	}
+	if ss.pty != nil || ss.proc != nil || ssh.Unmarshal(payload, &m) != nil {
+		return false
+	}
+	// Terminal modes are not applied: a fresh Linux pty already has the
+	// defaults (ISIG, ICANON, ECHO) every client asks for, and the host
+	// CLI puts its own terminal in raw mode.
+	ss.pty = &ptyRequest{term: m.Term, size: winsize(m.Cols, m.Rows, m.Width, m.Height)}
+	return true
+}
+
+func (ss *session) handleWindowChange(payload []byte) bool {
+	var m struct{ Cols, Rows, Width, Height uint32 }
+	if ss.pty == nil || ssh.Unmarshal(payload, &m) != nil {
+		return false
+	}
+	ss.pty.size = winsize(m.Cols, m.Rows, m.Width, m.Height)
+	if ss.proc == nil {
+		return true // applied when the process starts
+	}
+	if err := ss.proc.resize(&ss.pty.size); err != nil {
+		ss.log.Debug("resizing pty", "err", err)
+		return false
+	}
+	return true
+}
+
+func (ss *session) handleSignal(payload []byte) bool {
+	var m struct{ Signal string }
+	if ss.proc == nil || ssh.Unmarshal(payload, &m) != nil {
+		return false
+	}
+	sig, ok := SignalNumber(ssh.Signal(m.Signal))
+	if !ok {
+		return false
+	}
+	return ss.proc.signal(sig) == nil
+}
+
+// start runs command (or a login shell when empty). Failures are recorded
+// in setupErr so serve can answer the request before reporting them.
+func (ss *session) start(command string) {
+	dir, err := ss.workDir()
 	if err != nil {
-		return nil, 0, err
+		ss.setupErr = err
+		return
 	}
-	cmd.Stdout, cmd.Stderr = ch, ch.Stderr()
-	// A background child that keeps stdout open must not hold the session:
-	// once the command exits, output gets 1 s more, then its group is killed.
-	cmd.WaitDelay = time.Second
-	if err := cmd.Start(); err != nil {
-		return nil, 0, err
+	shell := ss.srv.shell()
+	spec := procSpec{
+		path: shell,
+		env:  ss.environ(),
+		dir:  dir,
+		cred: ss.srv.credential(),
+		uid:  ss.srv.UID,
+		gid:  ss.srv.GID,
+		pty:  ss.pty,
 	}
-	go func() { io.Copy(stdin, ch); stdin.Close() }()
-	pgid := cmd.Process.Pid
-	go func() {
-		err := cmd.Wait()
-		killGroup(pgid)
-		done <- exitCode(err)
-	}()
-	return nil, pgid, nil
+	if command == "" {
+		// A leading '-' in argv[0] is how login(1) and sshd ask a shell to
+		// act as a login shell; it works for every sh, unlike "-l".
+		spec.args = []string{"-" + filepath.Base(shell)}
+	} else {
+		spec.args = []string{filepath.Base(shell), "-c", command}
+	}
+	proc, err := startProcess(spec, ss.ch, ss.log)
+	if err != nil {
+		ss.setupErr = fmt.Errorf("starting %s: %w", shell, err)
+		return
+	}
+	ss.proc = proc
+	ss.log.Debug("session started", "pid", proc.pid, "pty", ss.pty != nil, "shell", command == "")
 }
 
-func exitCode(err error) int {
-	if err == nil {
-		return 0
-	}
-	if ee, ok := err.(*exec.ExitError); ok {
-		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-			return 128 + int(ws.Signal())
+// workDir resolves and checks the directory the session starts in. A missing
+// directory is an error, never a silent fallback: a command run in the wrong
+// directory (say, "rm -r build") is worse than one that does not run.
+func (ss *session) workDir() (string, error) {
+	dir := ss.srv.defaultDir()
+	if ss.cwd != "" {
+		dir = ss.cwd
+		if !filepath.IsAbs(dir) {
+			dir = filepath.Join(ss.srv.defaultDir(), dir)
 		}
-		return ee.ExitCode()
 	}
-	return 1
+	fi, err := os.Stat(dir)
+	if err == nil && !fi.IsDir() {
+		err = &fs.PathError{Op: "stat", Path: dir, Err: syscall.ENOTDIR}
+	}
+	if err != nil {
+		return "", fmt.Errorf("using working directory %s: %w", dir, errors.Unwrap(err))
+	}
+	return dir, nil
 }
 
-// mergeEnv lets the client's variables override the base.
-func mergeEnv(base, over []string) []string {
-	idx := map[string]int{}
-	out := append([]string{}, base...)
-	for i, kv := range out {
-		idx[strings.SplitN(kv, "=", 2)[0]] = i
+// environ is the server's base environment, then TERM from pty-req, then
+// what the client sent, later entries replacing earlier ones by name.
+func (ss *session) environ() []string {
+	env := append([]string(nil), ss.srv.Env...)
+	if ss.pty != nil && ss.pty.term != "" {
+		env = append(env, "TERM="+ss.pty.term)
 	}
-	for _, kv := range over {
-		k := strings.SplitN(kv, "=", 2)[0]
-		if i, ok := idx[k]; ok {
+	env = append(env, ss.env...)
+	return dedupEnv(env)
+}
+
+// dedupEnv keeps the last entry for each name, at the position of the first,
+// so a client's PATH replaces the base PATH instead of appearing twice (libc
+// getenv would pick the first).
+func dedupEnv(env []string) []string {
+	index := make(map[string]int, len(env))
+	out := env[:0:0]
+	for _, kv := range env {
+		name, _, _ := strings.Cut(kv, "=")
+		if i, ok := index[name]; ok {
 			out[i] = kv
-		} else {
-			idx[k] = len(out)
-			out = append(out, kv)
+			continue
 		}
+		index[name] = len(out)
+		out = append(out, kv)
 	}
 	return out
 }
 
-// QuoteArgs quotes argv for sh -c, as OpenSSH clients do.
-func QuoteArgs(argv []string) string {
-	q := make([]string, len(argv))
-	for i, a := range argv {
-		if a != "" && strings.Trim(a, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%") == "" {
-			q[i] = a
-		} else {
-			q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+// fail reports setupErr on the client's stderr with exit status 1.
+func (ss *session) fail() {
+	ss.log.Info("session setup failed", "err", ss.setupErr)
+	fmt.Fprintf(ss.ch.Stderr(), "moat: %v\n", ss.setupErr)
+	ss.sendExitStatus(exitSetupFailed)
+	ss.ch.Close()
+}
+
+// finish reports how the process ended. proc.done has closed, so all of its
+// output has already been written to the channel.
+func (ss *session) finish() {
+	ws, _ := ss.proc.state.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		if name, ok := SignalName(ws.Signal()); ok {
+			ss.log.Debug("session exited", "pid", ss.proc.pid, "signal", string(name))
+			ss.ch.SendRequest("exit-signal", false, ssh.Marshal(struct {
+				Signal     string
+				CoreDumped bool
+				Message    string
+				Lang       string
+			}{Signal: string(name), CoreDumped: ws.CoreDump()}))
+			ss.ch.Close()
+			return
+		}
+		// A signal SSH has no name for still needs a recognisable code.
+		ss.sendExitStatus(128 + int(ws.Signal()))
+		ss.ch.Close()
+		return
+	}
+	ss.log.Debug("session exited", "pid", ss.proc.pid, "status", ws.ExitStatus())
+	ss.sendExitStatus(ws.ExitStatus())
+	ss.ch.Close()
+}
+
+func (ss *session) sendExitStatus(code int) {
+	ss.ch.SendRequest("exit-status", false, ssh.Marshal(struct{ Status uint32 }{uint32(code)}))
+}
+
+// stop kills the process group (if any) because the client is gone, and
+// waits until the process has been reaped and its I/O goroutines are done.
+func (ss *session) stop() {
+	if ss.proc == nil {
+		return
+	}
+	ss.log.Debug("session hung up", "pid", ss.proc.pid)
+	ss.proc.hangup()
+}
+
+// drain refuses requests that arrive after we closed the channel, until the
+// peer's close (or the connection's end) closes reqs. Leaving them unread
+// would stall the connection's other channels.
+func (ss *session) drain(reqs <-chan *ssh.Request) {
+	for req := range reqs {
+		if req.WantReply {
+			req.Reply(false, nil)
 		}
 	}
-	return strings.Join(q, " ")
+}
+
+func winsize(cols, rows, width, height uint32) pty.Winsize {
+	return pty.Winsize{Cols: clamp16(cols), Rows: clamp16(rows), X: clamp16(width), Y: clamp16(height)}
+}
+
+func clamp16(v uint32) uint16 {
+	return uint16(min(v, 0xffff))
 }

@@ -1,0 +1,583 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+)
+
+// testServer is a Server listening on 127.0.0.1 for the duration of a test.
+type testServer struct {
+	srv    *Server
+	addr   string
+	client ssh.Signer // the authorized key
+	host   ssh.PublicKey
+	cancel context.CancelFunc
+	done   chan error // Serve's result
+}
+
+func newSigner(t *testing.T) ssh.Signer {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startServer runs a Server as the current user (so no credential change),
+// with mod applied before it starts.
+func startServer(t *testing.T, mod func(*Server)) *testServer {
+	t.Helper()
+	host, client := newSigner(t), newSigner(t)
+	home := t.TempDir()
+	srv := &Server{
+		HostKey:       host,
+		AuthorizedKey: client.PublicKey(),
+		UID:           os.Getuid(),
+		GID:           os.Getgid(),
+		Home:          home,
+		Shell:         "/bin/sh",
+		Dir:           home,
+		Env:           []string{"PATH=/usr/local/bin:/usr/bin:/bin", "HOME=" + home, "USER=agent", "TERM=dumb", "LANG=C.UTF-8"},
+		Log:           slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelDebug})),
+	}
+	if mod != nil {
+		mod(srv)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ts := &testServer{srv: srv, addr: ln.Addr().String(), client: client, host: host.PublicKey(), cancel: cancel, done: make(chan error, 1)}
+	go func() { ts.done <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-ts.done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Error("Serve did not return after cancel")
+		}
+	})
+	return ts
+}
+
+func (ts *testServer) dialWith(t *testing.T, key ssh.Signer) (*ssh.Client, error) {
+	t.Helper()
+	return ssh.Dial("tcp", ts.addr, &ssh.ClientConfig{
+		User:            "agent",
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(key)},
+		HostKeyCallback: ssh.FixedHostKey(ts.host),
+		Timeout:         2 * time.Second,
+	})
+}
+
+func (ts *testServer) dial(t *testing.T) *ssh.Client {
+	t.Helper()
+	c, err := ts.dialWith(t, ts.client)
+	if err != nil {
+		t.Fatalf("dialing agent: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+type result struct {
+	stdout, stderr string
+	code           int
+	signal         string
+}
+
+// run executes command over a fresh session without a PTY.
+func run(t *testing.T, c *ssh.Client, command string, stdin io.Reader, env map[string]string) result {
+	t.Helper()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	for k, v := range env {
+		if err := sess.Setenv(k, v); err != nil {
+			t.Fatalf("Setenv(%s): %v", k, err)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	sess.Stdin, sess.Stdout, sess.Stderr = stdin, &stdout, &stderr
+	err = sess.Run(command)
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *ssh.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code, r.signal = ee.ExitStatus(), ee.Signal()
+	case err != nil:
+		t.Fatalf("running %q: %v", command, err)
+	}
+	return r
+}
+
+func TestExitStatus(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	tests := []struct {
+		command    string
+		wantCode   int
+		wantSignal string
+	}{
+		{"exit 0", 0, ""},
+		{"exit 7", 7, ""},
+		{"true", 0, ""},
+		{"kill -KILL $$", 128 + 9, "KILL"},
+		{"kill -TERM $$", 128 + 15, "TERM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.command, func(t *testing.T) {
+			got := run(t, c, tt.command, nil, nil)
+			if got.code != tt.wantCode || got.signal != tt.wantSignal {
+				t.Errorf("code, signal = %d, %q; want %d, %q", got.code, got.signal, tt.wantCode, tt.wantSignal)
+			}
+		})
+	}
+}
+
+func TestOutputStreams(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	// 200 KB through stdout checks that everything is flushed before
+	// exit-status, not just the first pipe buffer.
+	got := run(t, c, "echo out; echo err >&2; head -c 200000 /dev/zero | tr '\\0' x", nil, nil)
+	if want := "out\n" + strings.Repeat("x", 200000); got.stdout != want {
+		t.Errorf("stdout = %.40q... (%d bytes), want %d bytes", got.stdout, len(got.stdout), len(want))
+	}
+	if got.stderr != "err\n" {
+		t.Errorf("stderr = %q, want %q", got.stderr, "err\n")
+	}
+}
+
+func TestStdin(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	tests := []struct {
+		command, stdin, want string
+	}{
+		{"cat", "hello\nworld\n", "hello\nworld\n"},
+		{"wc -l", "a\nb\nc\n", "3\n"},
+		{"cat; echo eof", "", "eof\n"}, // EOF reaches the command
+	}
+	for _, tt := range tests {
+		t.Run(tt.command, func(t *testing.T) {
+			got := run(t, c, tt.command, strings.NewReader(tt.stdin), nil)
+			if strings.TrimSpace(got.stdout) != strings.TrimSpace(tt.want) || got.code != 0 {
+				t.Errorf("stdout, code = %q, %d; want %q, 0", got.stdout, got.code, tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvironment(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	dir := t.TempDir()
+	tests := []struct {
+		name    string
+		command string
+		env     map[string]string
+		want    string
+	}{
+		{"base", `echo "$USER $LANG"`, nil, "agent C.UTF-8"},
+		{"client var", `echo "$FOO"`, map[string]string{"FOO": "bar baz"}, "bar baz"},
+		{"client overrides base", `echo "$USER"`, map[string]string{"USER": "other"}, "other"},
+		{"default dir", "pwd", nil, ts.srv.Dir},
+		{"MOAT_CWD", "pwd", map[string]string{cwdEnv: dir}, dir},
+		{"MOAT_CWD consumed", `echo "[$MOAT_CWD]"`, map[string]string{cwdEnv: dir}, "[]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := run(t, c, tt.command, nil, tt.env)
+			if strings.TrimSpace(got.stdout) != tt.want || got.code != 0 {
+				t.Errorf("stdout, code = %q, %d; want %q, 0 (stderr %q)", got.stdout, got.code, tt.want, got.stderr)
+			}
+		})
+	}
+}
+
+func TestMissingWorkingDirectory(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	missing := filepath.Join(t.TempDir(), "gone")
+	got := run(t, c, "echo ran", nil, map[string]string{cwdEnv: missing})
+	if got.code != 1 || got.stdout != "" || !strings.Contains(got.stderr, missing) {
+		t.Errorf("got %+v; want exit 1, no stdout, stderr naming %s", got, missing)
+	}
+}
+
+func TestLoginShell(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	var out bytes.Buffer
+	sess.Stdout = &out
+	sess.Stdin = strings.NewReader("echo \"$0\"\nexit 3\n")
+	if err := sess.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	var ee *ssh.ExitError
+	if err := sess.Wait(); !errors.As(err, &ee) || ee.ExitStatus() != 3 {
+		t.Fatalf("Wait = %v, want exit status 3", err)
+	}
+	if got := strings.TrimSpace(out.String()); got != "-sh" {
+		t.Errorf("$0 = %q, want -sh (login shell)", got)
+	}
+}
+
+func TestAuthentication(t *testing.T) {
+	ts := startServer(t, nil)
+	if _, err := ts.dialWith(t, newSigner(t)); err == nil {
+		t.Error("dial with an unauthorized key succeeded")
+	}
+	_, err := ssh.Dial("tcp", ts.addr, &ssh.ClientConfig{
+		User:            "agent",
+		Auth:            []ssh.AuthMethod{ssh.Password("")},
+		HostKeyCallback: ssh.FixedHostKey(ts.host),
+		Timeout:         2 * time.Second,
+	})
+	if err == nil {
+		t.Error("dial with an empty password succeeded")
+	}
+	ts.dial(t) // the authorized key still works
+}
+
+func TestServeRequiresKeys(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s := &Server{HostKey: newSigner(t)}
+	if err := s.Serve(context.Background(), ln); err == nil {
+		t.Error("Serve without AuthorizedKey returned nil")
+	}
+}
+
+func TestRejectsOtherChannels(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	_, _, err := c.OpenChannel("direct-tcpip", ssh.Marshal(struct {
+		Host     string
+		Port     uint32
+		OrigHost string
+		OrigPort uint32
+	}{"127.0.0.1", 22, "127.0.0.1", 1}))
+	var oce *ssh.OpenChannelError
+	if !errors.As(err, &oce) || oce.Reason != ssh.UnknownChannelType {
+		t.Errorf("OpenChannel(direct-tcpip) = %v, want UnknownChannelType", err)
+	}
+}
+
+func TestSignalRequest(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	if err := sess.Start("sleep 30"); err != nil {
+		t.Fatal(err)
+	}
+	// Start returns after the agent answered exec, i.e. after the process
+	// group exists, so the signal cannot arrive too early.
+	if err := sess.Signal(ssh.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	var ee *ssh.ExitError
+	if err := waitTimeout(t, sess, 2*time.Second); !errors.As(err, &ee) || ee.Signal() != "TERM" {
+		t.Errorf("Wait = %v, want exit-signal TERM", err)
+	}
+}
+
+func waitTimeout(t *testing.T, sess *ssh.Session, d time.Duration) error {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() { errc <- sess.Wait() }()
+	select {
+	case err := <-errc:
+		return err
+	case <-time.After(d):
+		sess.Close()
+		t.Fatalf("session still running after %v", d)
+		return nil
+	}
+}
+
+// alive reports whether pid exists and is not a zombie: killed orphans are
+// reparented to init, and whether init has reaped them yet is not ours.
+func alive(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	state, _, _, ok := parseStat(stat)
+	return ok && state != 'Z'
+}
+
+// groupPids lists the live processes in process group pgid.
+func groupPids(t *testing.T, pgid int) []int {
+	t.Helper()
+	p := &process{pid: pgid}
+	var pids []int
+	for _, pid := range p.members() {
+		stat, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+		if _, pgrp, _, ok := parseStat(stat); ok && pgrp == pgid {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func pgidOf(t *testing.T, pid int) int {
+	t.Helper()
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pgrp, _, ok := parseStat(stat)
+	if !ok {
+		t.Fatalf("parsing /proc/%d/stat: %q", pid, stat)
+	}
+	return pgrp
+}
+
+// waitGone polls until none of pids is alive, at most d.
+func waitGone(t *testing.T, pids []int, d time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		var left []int
+		for _, pid := range pids {
+			if alive(pid) {
+				left = append(left, pid)
+			}
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("processes %v still alive %v after the session ended", left, d)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// lineWriter collects output and lets a test wait for a substring.
+type lineWriter struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (w *lineWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.Write(p)
+}
+
+func (w *lineWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// waitFor polls until the output contains substr, at most 2 s.
+func (w *lineWriter) waitFor(t *testing.T, substr string) string {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		if s := w.String(); strings.Contains(s, substr) {
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("output never contained %q; got %q", substr, w.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestDisconnectKillsGroup(t *testing.T) {
+	for _, usePTY := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pty=%v", usePTY), func(t *testing.T) {
+			ts := startServer(t, nil)
+			c := ts.dial(t)
+			sess, err := c.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if usePTY {
+				if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var out lineWriter
+			sess.Stdout = &out
+			pidfile := filepath.Join(t.TempDir(), "pid")
+			if err := sess.Start(fmt.Sprintf(`sh -c 'echo $$ > %s; sleep 300 & sleep 300 & echo ready; wait'`, pidfile)); err != nil {
+				t.Fatal(err)
+			}
+			out.waitFor(t, "ready")
+			b, err := os.ReadFile(pidfile)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids := groupPids(t, pgidOf(t, pid))
+			if len(pids) < 3 {
+				t.Fatalf("process group has %v, want the shell and two sleeps", pids)
+			}
+			c.Close()
+			waitGone(t, pids, 2*time.Second)
+		})
+	}
+}
+
+func TestLeftoverChildrenKilled(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	start := time.Now()
+	got := run(t, c, "sleep 300 & echo $!", nil, nil)
+	if got.code != 0 {
+		t.Fatalf("got %+v, want exit 0", got)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("session took %v; a background child held it open", d)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(got.stdout))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, []int{pid}, 2*time.Second)
+}
+
+func TestShutdownKillsSessions(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out lineWriter
+	sess.Stdout = &out
+	if err := sess.Start("echo $$; exec sleep 300"); err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(out.waitFor(t, "\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.cancel()
+	select {
+	case err := <-ts.done:
+		ts.done <- err // for Cleanup
+	case <-time.After(2 * time.Second):
+		t.Fatal("Serve did not return after cancel")
+	}
+	waitGone(t, []int{pid}, time.Second)
+	if err := waitTimeout(t, sess, time.Second); err == nil {
+		t.Error("session ended cleanly; want an error after the server went away")
+	}
+}
+
+func TestCredential(t *testing.T) {
+	if os.Getuid() != 0 {
+		t.Skip("changing credentials needs root; run the tests as root to cover it")
+	}
+	const nobody = 65534
+	ts := startServer(t, func(s *Server) {
+		s.UID, s.GID, s.Groups = nobody, nobody, []uint32{nobody}
+		s.Dir = "/" // t.TempDir is 0700 root
+	})
+	c := ts.dial(t)
+	t.Run("pipes", func(t *testing.T) {
+		got := run(t, c, "id -u; id -g; id -G; pwd", nil, nil)
+		if want := "65534\n65534\n65534\n/\n"; got.stdout != want || got.code != 0 {
+			t.Errorf("got %+v, want stdout %q", got, want)
+		}
+	})
+	t.Run("pty", func(t *testing.T) {
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
+			t.Fatal(err)
+		}
+		out, err := sess.Output(`id -u; test -O "$(tty)" && echo owns-tty`)
+		if got := strings.ReplaceAll(string(out), "\r", ""); err != nil || got != "65534\nowns-tty\n" {
+			t.Errorf("Output = %q, %v; want the pty owned by uid 65534", got, err)
+		}
+	})
+}
+
+func TestDedupEnv(t *testing.T) {
+	tests := []struct {
+		in, want []string
+	}{
+		{nil, []string{}},
+		{[]string{"A=1", "B=2"}, []string{"A=1", "B=2"}},
+		{[]string{"A=1", "B=2", "A=3"}, []string{"A=3", "B=2"}},
+		{[]string{"A=", "A=x=y"}, []string{"A=x=y"}},
+	}
+	for _, tt := range tests {
+		got := dedupEnv(tt.in)
+		if strings.Join(got, " ") != strings.Join(tt.want, " ") {
+			t.Errorf("dedupEnv(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestParseStat(t *testing.T) {
+	tests := []struct {
+		in        string
+		ok        bool
+		state     byte
+		pgrp, sid int
+	}{
+		{"42 (sleep) S 1 40 39 0 -1", true, 'S', 40, 39},
+		{"42 (a) b) (c) Z 1 7 8 0", true, 'Z', 7, 8},
+		{"42 (sleep", false, 0, 0, 0},
+		{"42 (x) S 1", false, 0, 0, 0},
+	}
+	for _, tt := range tests {
+		state, pgrp, sid, ok := parseStat([]byte(tt.in))
+		if ok != tt.ok || state != tt.state || pgrp != tt.pgrp || sid != tt.sid {
+			t.Errorf("parseStat(%q) = %c, %d, %d, %v; want %c, %d, %d, %v", tt.in, state, pgrp, sid, ok, tt.state, tt.pgrp, tt.sid, tt.ok)
+		}
+	}
+}
