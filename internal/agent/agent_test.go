@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -579,5 +580,21 @@ func TestParseStat(t *testing.T) {
 		if ok != tt.ok || state != tt.state || pgrp != tt.pgrp || sid != tt.sid {
 			t.Errorf("parseStat(%q) = %c, %d, %d, %v; want %c, %d, %d, %v", tt.in, state, pgrp, sid, ok, tt.state, tt.pgrp, tt.sid, tt.ok)
 		}
+	}
+}
+
+// A process that leaves the group (setsid) escapes the kill; this package
+// cannot stop that without cgroups, but it must not hold exit-status back
+// by keeping stdout open.
+func TestEscapedProcessDoesNotHoldSession(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	start := time.Now()
+	got := run(t, c, "setsid sleep 300 & sleep 0.1; echo $!", nil, nil)
+	if pid, err := strconv.Atoi(strings.TrimSpace(got.stdout)); err == nil {
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	}
+	if d := time.Since(start); got.code != 0 || d > 100*time.Millisecond+outputIdle+300*time.Millisecond {
+		t.Errorf("got %+v after %v; want exit 0 about %v after the command", got, d, outputIdle)
 	}
 }

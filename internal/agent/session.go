@@ -126,9 +126,13 @@ func (ss *session) handle(req *ssh.Request) bool {
 		return true
 	case "signal":
 		return ss.handleSignal(req.Payload)
+	case "subsystem":
+		// sftp goes here: like exec, it starts one process (or an
+		// in-process server) wired to the channel.
+		return false
 	}
-	// subsystem (sftp), auth-agent-req@openssh.com, x11-req and keepalives
-	// are refused; OpenSSH clients treat a failure reply as "not available".
+	// auth-agent-req@openssh.com, x11-req and keepalives are refused;
+	// OpenSSH clients treat a failure reply as "not available".
 	return false
 }
 

@@ -1,0 +1,257 @@
+package session
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/internal/agent"
+)
+
+func newSigner(t *testing.T) ssh.Signer {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// connect starts a real agent.Server as the current user and returns a
+// client for it and a function that shuts the server down.
+func connect(t *testing.T) (*ssh.Client, func()) {
+	t.Helper()
+	host, client := newSigner(t), newSigner(t)
+	home := t.TempDir()
+	srv := &agent.Server{
+		HostKey:       host,
+		AuthorizedKey: client.PublicKey(),
+		UID:           os.Getuid(),
+		GID:           os.Getgid(),
+		Home:          home,
+		Dir:           home,
+		Env:           []string{"PATH=/usr/bin:/bin", "HOME=" + home},
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		srv.Serve(ctx, ln)
+	}()
+	shutdown := func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("Serve did not return after cancel")
+		}
+	}
+	t.Cleanup(shutdown)
+	c, err := ssh.Dial("tcp", ln.Addr().String(), &ssh.ClientConfig{
+		User:            "agent",
+		Auth:            []ssh.AuthMethod{ssh.PublicKeys(client)},
+		HostKeyCallback: ssh.FixedHostKey(host.PublicKey()),
+		Timeout:         2 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, shutdown
+}
+
+// syncBuffer is written by the SSH library's copy goroutine while a test
+// polls it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitFor polls until b contains substr, at most 2 s.
+func (b *syncBuffer) waitFor(t *testing.T, substr string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for !strings.Contains(b.String(), substr) {
+		if time.Now().After(deadline) {
+			t.Fatalf("output never contained %q; got %q", substr, b.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type runResult struct {
+	code   int
+	err    error
+	stdout string
+	stderr string
+}
+
+func runAsync(ctx context.Context, c *ssh.Client, o Options, stdout *syncBuffer) <-chan runResult {
+	var stderr bytes.Buffer
+	o.Stdout, o.Stderr = stdout, &stderr
+	resc := make(chan runResult, 1)
+	go func() {
+		code, err := Run(ctx, c, o)
+		resc <- runResult{code, err, stdout.String(), stderr.String()}
+	}()
+	return resc
+}
+
+func await(t *testing.T, resc <-chan runResult) runResult {
+	t.Helper()
+	select {
+	case r := <-resc:
+		return r
+	case <-time.After(2 * time.Second):
+		t.Fatal("Run did not return within 2s")
+		return runResult{}
+	}
+}
+
+func TestRun(t *testing.T) {
+	c, _ := connect(t)
+	dir := t.TempDir()
+	tests := []struct {
+		name       string
+		o          Options
+		wantCode   int
+		wantStdout string
+		wantStderr string
+	}{
+		{"argv quoting", Options{Argv: []string{"echo", "hello  world", "$HOME"}}, 0, "hello  world $HOME\n", ""},
+		{"exit status", Options{Argv: []string{"sh", "-c", "exit 7"}}, 7, "", ""},
+		{"exit signal", Options{Stdin: strings.NewReader("kill -KILL $$\n")}, 128 + 9, "", ""},
+		{"stderr", Options{Argv: []string{"sh", "-c", "echo out; echo err >&2"}}, 0, "out\n", "err\n"},
+		{"env and dir", Options{Argv: []string{"sh", "-c", `pwd; echo "$FOO"`}, Dir: dir, Env: map[string]string{"FOO": "bar"}}, 0, dir + "\nbar\n", ""},
+		{"missing dir", Options{Argv: []string{"true"}, Dir: dir + "/gone"}, 1, "", "moat: using working directory " + dir + "/gone: no such file or directory\n"},
+		{"shell", Options{Stdin: strings.NewReader("echo hi; exit 4\n")}, 4, "hi\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := await(t, runAsync(context.Background(), c, tt.o, &syncBuffer{}))
+			if r.err != nil || r.code != tt.wantCode || r.stdout != tt.wantStdout || r.stderr != tt.wantStderr {
+				t.Errorf("Run = %d, %v, stdout %q, stderr %q; want %d, nil, %q, %q",
+					r.code, r.err, r.stdout, r.stderr, tt.wantCode, tt.wantStdout, tt.wantStderr)
+			}
+		})
+	}
+}
+
+// TestRunPipes drives a command line by line through in-memory pipes, as a
+// program embedding moat would.
+func TestRunPipes(t *testing.T) {
+	c, _ := connect(t)
+	stdinR, stdinW := io.Pipe()
+	stdoutR, stdoutW := io.Pipe()
+	resc := make(chan runResult, 1)
+	go func() {
+		code, err := Run(context.Background(), c, Options{
+			Argv:   []string{"sh", "-c", `while read l; do echo "got:$l"; done; exit 3`},
+			Stdin:  stdinR,
+			Stdout: stdoutW,
+		})
+		stdoutW.Close()
+		resc <- runResult{code: code, err: err}
+	}()
+	lines := bufio.NewScanner(stdoutR)
+	for _, in := range []string{"a", "b c"} {
+		io.WriteString(stdinW, in+"\n")
+		if !lines.Scan() || lines.Text() != "got:"+in {
+			t.Fatalf("read %q (%v), want %q", lines.Text(), lines.Err(), "got:"+in)
+		}
+	}
+	stdinW.Close() // EOF ends the loop
+	if lines.Scan() {
+		t.Errorf("unexpected output %q", lines.Text())
+	}
+	if r := await(t, resc); r.code != 3 || r.err != nil {
+		t.Errorf("Run = %d, %v; want 3, nil", r.code, r.err)
+	}
+}
+
+func TestRunTTY(t *testing.T) {
+	c, _ := connect(t)
+	// Stdin is not a terminal, so no raw mode, but the PTY is still real.
+	r := await(t, runAsync(context.Background(), c, Options{
+		Argv:  []string{"sh", "-c", `tty; echo "$TERM"; stty size`},
+		TTY:   true,
+		Term:  "xterm-test",
+		Stdin: strings.NewReader(""),
+	}, &syncBuffer{}))
+	want := regexp.MustCompile(`^/dev/pts/\d+\r\nxterm-test\r\n24 80\r\n$`)
+	if r.err != nil || r.code != 0 || !want.MatchString(r.stdout) {
+		t.Errorf("Run = %d, %v, %q; want 0, nil, match for %s", r.code, r.err, r.stdout, want)
+	}
+}
+
+func TestRunConnectionLost(t *testing.T) {
+	c, shutdown := connect(t)
+	var out syncBuffer
+	resc := runAsync(context.Background(), c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
+	out.waitFor(t, "ready")
+	shutdown()
+	r := await(t, resc)
+	if !errors.Is(r.err, ErrConnectionLost) || r.code != exitFailed {
+		t.Errorf("Run = %d, %v; want %d, ErrConnectionLost", r.code, r.err, exitFailed)
+	}
+}
+
+func TestRunContextCancel(t *testing.T) {
+	c, _ := connect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	resc := runAsync(ctx, c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
+	out.waitFor(t, "ready")
+	cancel()
+	if r := await(t, resc); !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Run = %d, %v; want context.Canceled", r.code, r.err)
+	}
+}
+
+func TestRunForwardsSignals(t *testing.T) {
+	c, _ := connect(t)
+	var out syncBuffer
+	resc := runAsync(context.Background(), c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
+	// "ready" is printed after Start, and Run subscribes to signals before
+	// Start, so this SIGTERM goes to Run and not to the test binary.
+	out.waitFor(t, "ready")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if r := await(t, resc); r.code != 128+15 || r.err != nil {
+		t.Errorf("Run = %d, %v; want %d, nil (remote killed by TERM)", r.code, r.err, 128+15)
+	}
+}
