@@ -65,7 +65,11 @@ func daemonMain(dir string) int {
 	}
 	var imageEnv []string
 	if rec.Image != "host" {
-		img, err := e.images().Resolve(rec.Image)
+		store, err := e.images()
+		if err != nil {
+			return fail(err)
+		}
+		img, err := store.Resolve(rec.Image)
 		if err != nil {
 			return fail(err)
 		}

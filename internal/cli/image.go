@@ -23,7 +23,7 @@ func newImageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := image.Open(e.dirs.Images())
+			s, err := e.images()
 			if err != nil {
 				return err
 			}
@@ -68,7 +68,7 @@ func newImageCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			s, err := image.Open(e.dirs.Images())
+			s, err := e.images()
 			if err != nil {
 				return err
 			}
@@ -90,7 +90,7 @@ func imageOp(c *cobra.Command, op func(*image.Store) (*image.Image, error)) erro
 	if err != nil {
 		return err
 	}
-	s, err := image.Open(e.dirs.Images())
+	s, err := e.images()
 	if err != nil {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,7 +176,11 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 		return "", nil, codef(ExitUsage, "the name %q is taken by the sandbox of %s; choose another with --name, or remove it with: moat destroy %s", name, r.Workspace, name)
 	}
 	if cfg.Sandbox.Image != "" && cfg.Sandbox.Image != "host" {
-		if _, err := e.images().Resolve(cfg.Sandbox.Image); err != nil {
+		store, err := e.images()
+		if err != nil {
+			return "", nil, err
+		}
+		if _, err := store.Resolve(cfg.Sandbox.Image); err != nil {
 			return "", nil, withCode(ExitNotFound, err)
 		}
 	}
@@ -229,14 +232,9 @@ func guestIDs() (int, int) {
 	return uid, gid
 }
 
-func (e *env) images() *image.Store {
-	s, err := image.Open(e.dirs.Images())
-	if err != nil {
-		// Open only fails when the directory cannot be made; Resolve then
-		// reports the same problem with a path in it.
-		return &image.Store{}
-	}
-	return s
+// images opens the image store.
+func (e *env) images() (*image.Store, error) {
+	return image.Open(e.dirs.Images())
 }
 
 // forCwd finds or creates the sandbox for the current directory.
@@ -412,5 +410,3 @@ func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
 	}
 	return ssh.NewClient(cc, chans, reqs), nil
 }
-
-var _ = io.EOF

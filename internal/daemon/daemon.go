@@ -28,7 +28,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/control"
@@ -422,11 +421,4 @@ func splice(client net.Conn, clientBuf io.Reader, guest net.Conn) {
 	<-done
 	client.Close()
 	guest.Close()
-}
-
-// Keys are the per-sandbox SSH keys: the client key the CLI and daemon
-// authenticate with, and the guest agent's host key.
-type Keys struct {
-	Client     ssh.Signer
-	HostPublic ssh.PublicKey
 }

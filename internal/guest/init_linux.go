@@ -18,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -220,5 +219,3 @@ func rewrite(path string, drop func([]string) bool, add string) error {
 	os.Remove(path)
 	return os.WriteFile(path, []byte(strings.Join(out, "\n")+"\n"), 0o644)
 }
-
-var _ = syscall.Getpid

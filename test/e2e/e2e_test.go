@@ -141,6 +141,7 @@ func TestRunAsAgentInWorkspace(t *testing.T) {
 
 func TestNoWayOut(t *testing.T) {
 	dir := project(t, "noway")
+	mustMoat(t, dir, "up")
 	start := time.Now()
 	// bash's /dev/tcp dials a real TCP connection from the guest.
 	script := `for a in 203.0.113.9:80 10.88.0.1:80 127.0.0.2:1; do h=${a%:*}; p=${a#*:}; if timeout 5 bash -c "echo > /dev/tcp/$h/$p" 2>/dev/null; then echo "OPEN $a"; else echo "closed $a"; fi; done
@@ -154,11 +155,11 @@ grep -c : /proc/net/dev; grep -v lo: /proc/net/dev | grep : | cut -d: -f1 | tr -
 	if n := len(lines); n < 2 || lines[n-2] != "2" || lines[n-1] != "tap0" {
 		t.Fatalf("want exactly lo and one other interface (tap0), got:\n%s", out)
 	}
-	// Fail fast: all probes together well under their 5 s timeouts each.
-	if el := time.Since(start); el > 60*time.Second {
-		t.Fatalf("probes took %v", el)
+	// Fail fast: one probe that ran into its 5 s timeout alone would exceed
+	// this; refused connections and lookups must all come back at once.
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("probes took %v: a refusal was not prompt", el)
 	}
-	t.Logf("probes + boot took %v", time.Since(start))
 }
 
 func TestDownKeepsUpperDestroyCleans(t *testing.T) {
@@ -252,11 +253,7 @@ func TestBadInput(t *testing.T) {
 	os.Remove(filepath.Join(dir, "moat.toml"))
 	other := project(t, "taken")
 	mustMoat(t, other, "up")
-	r = moat(t, dir, nil, "run", "--name", "taken", "--", "true")
-	if r.code == 0 {
-		// --name of an existing sandbox runs in it; taking it for a second
-		// workspace through moat.toml must fail.
-	}
+	// Taking an existing sandbox's name for a second workspace must fail.
 	os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[sandbox]\nname = \"taken\"\n"), 0o644)
 	r = moat(t, dir, nil, "up")
 	if r.code == 0 || !strings.Contains(r.stderr, "taken") {

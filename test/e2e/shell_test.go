@@ -70,9 +70,8 @@ func TestShellThroughPTY(t *testing.T) {
 	start := time.Now()
 	f.Write([]byte("sleep 30\n"))
 	time.Sleep(500 * time.Millisecond)
-	f.Write([]byte{3}) // Ctrl-C: interrupts sleep in the guest, not the session
-	time.Sleep(200 * time.Millisecond) // let the guest shell redraw its prompt
-	time.Sleep(300 * time.Millisecond)
+	f.Write([]byte{3})                 // Ctrl-C: interrupts sleep in the guest, not the session
+	time.Sleep(500 * time.Millisecond) // let the guest shell redraw its prompt
 	f.Write([]byte("echo ALIVE-$((40+2))\n"))
 	out.waitFor(t, "ALIVE-42", 10*time.Second)
 	if time.Since(start) > 20*time.Second {
