@@ -246,6 +246,7 @@ type listEntry struct {
 	Started    time.Time `json:"started,omitzero"`
 	PID        int       `json:"daemon_pid,omitempty"`
 	Sessions   int       `json:"sessions"`
+	Denials    int64     `json:"denials"` // connections the gate denied since the daemon started
 	Error      string    `json:"error,omitempty"`
 }
 
@@ -259,7 +260,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
-			le.Sessions = s.Sessions
+			le.Sessions, le.Denials = s.Sessions, s.Denials
 		}
 	}
 	return le
@@ -328,8 +329,8 @@ func newStatusCmd() *cobra.Command {
 			if asJSON {
 				return json.NewEncoder(out).Encode(le)
 			}
-			fmt.Fprintf(out, "name:       %s\nstate:      %s\nimage:      %s\nworkspace:  %s\nsessions:   %d\n",
-				le.Name, stateText(le), le.Image, le.Workspace, le.Sessions)
+			fmt.Fprintf(out, "name:       %s\nstate:      %s\nimage:      %s\nworkspace:  %s\nsessions:   %d\ndenials:    %d (see: moat network denials %s)\n",
+				le.Name, stateText(le), le.Image, le.Workspace, le.Sessions, le.Denials, le.Name)
 			if !le.Started.IsZero() {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
 			}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,30 @@ import (
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 )
+
+// upstreamDNS parses MOAT_UPSTREAM_DNS: the resolvers the gate asks
+// instead of the host's /etc/resolv.conf, as comma-separated ip[:port].
+// Tests point it at their own DNS server; a site whose resolv.conf points
+// at a local stub can point it at the real one.
+func upstreamDNS(v string) ([]netip.AddrPort, error) {
+	var out []netip.AddrPort
+	for _, f := range strings.Split(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if ip, err := netip.ParseAddr(f); err == nil {
+			out = append(out, netip.AddrPortFrom(ip, 53))
+			continue
+		}
+		ap, err := netip.ParseAddrPort(f)
+		if err != nil {
+			return nil, fmt.Errorf("MOAT_UPSTREAM_DNS: %q is not ip or ip:port; write e.g. MOAT_UPSTREAM_DNS=10.0.0.53:53", f)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
 
 // daemonMain is the `__daemon DIR` role, started detached by `moat up`.
 func daemonMain(dir string) int {
@@ -91,7 +116,17 @@ func daemonMain(dir string) int {
 		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
 		HostKey:       guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
 	}
-	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image}
+	upstream, err := upstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
+	if err != nil {
+		return fail(err)
+	}
+	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
+		Network: daemon.NetworkOptions{
+			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
+			// The host's package repositories always (the host's tools are
+			// what the user runs), and the image's own settings.
+			DiscoverRoots: append([]string{"/"}, plan.Layers...), DiscoverHost: true,
+		}}
 	if ready != nil {
 		opts.Ready = ready
 	}

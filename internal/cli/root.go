@@ -82,6 +82,7 @@ Start here:
 		newUpCmd(), newDownCmd(), newDestroyCmd(),
 		newListCmd(), newStatusCmd(), newLogsCmd(),
 		newImageCmd(), newDoctorCmd(), newVersionCmd(),
+		newNetworkCmd(), newPolicyCmd(),
 	)
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",

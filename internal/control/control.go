@@ -43,6 +43,7 @@ type Status struct {
 	Sessions  int       `json:"sessions"`
 	Image     string    `json:"image"`
 	Workspace string    `json:"workspace"`
+	Denials   int64     `json:"denials"` // connections the gate denied since start
 }
 
 // StopRequest is the body of POST /v1/stop.

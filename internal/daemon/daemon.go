@@ -54,12 +54,14 @@ type Options struct {
 	Log      *slog.Logger
 	Ready    io.WriteCloser // may be nil
 	ImageRef string
+	Network  NetworkOptions
 }
 
 type daemon struct {
 	o        Options
 	log      *slog.Logger
 	stack    *netstack.Stack
+	net      *network
 	sessions atomic.Int64
 	shimPID  atomic.Int64
 	started  time.Time
@@ -107,13 +109,25 @@ func (d *daemon) run() error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 
+	// The gate first: a policy that does not compile stops the start
+	// before any guest exists.
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	nw, err := d.startNetwork(ctx)
+	if err != nil {
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	d.net = nw
+	defer nw.close()
+
 	exited := make(chan error, 1)
 	tapFD, err := d.startShim(exited)
 	if err != nil {
 		d.setStopped(state.StopError, err)
 		return err
 	}
-	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Log: d.log})
+	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx})
 	if err != nil {
 		d.kill()
 		d.setStopped(state.StopError, err)
@@ -337,6 +351,9 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("GET /v1/status", d.handleStatus)
 	mux.HandleFunc("POST /v1/stop", d.handleStop)
 	mux.HandleFunc("GET /v1/ssh", d.handleSSH)
+	mux.HandleFunc("GET /v1/network/rules", d.handleRules)
+	mux.HandleFunc("POST /v1/network/rules", d.handleChangeRules)
+	mux.HandleFunc("GET /v1/network/denials", d.handleDenials)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return ln, srv, nil
@@ -351,6 +368,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec, _ := state.Load(d.o.Dir)
 	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: int(d.sessions.Load()), Image: d.o.ImageRef}
+	if d.net != nil {
+		st.Denials = d.net.ledger.Total()
+	}
 	if rec != nil {
 		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
 	}

@@ -29,6 +29,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/icmp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
+
+	"moat.dev/moat/internal/gate"
 )
 
 // The sandbox's addressing. Every sandbox has the same addresses: each lives
@@ -55,16 +57,13 @@ type Stack struct {
 	log *slog.Logger
 }
 
-// TCPHandler decides an outbound TCP connection from the guest. It runs
-// before anything is dialed. Until the gate is wired in, New's default
-// refuses every connection with a reset, so the guest fails fast.
-type TCPHandler func(r *tcp.ForwarderRequest)
-
 // Options configure New.
 type Options struct {
 	TAPFD int          // the TAP device's fd, owned by the stack from now on
-	TCP   TCPHandler   // nil: refuse everything with RST
+	Gate  *gate.Gate   // nil: refuse every connection, drop every datagram
 	Log   *slog.Logger // required
+	// Ctx bounds the gate's flows: when it ends, the DNS servers stop.
+	Ctx context.Context
 }
 
 // New serves a stack on the TAP fd.
@@ -116,15 +115,13 @@ func New(o Options) (*Stack, error) {
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
 
-	h := o.TCP
-	if h == nil {
-		h = func(r *tcp.ForwarderRequest) { r.Complete(true) }
+	if o.Ctx == nil {
+		o.Ctx = context.Background()
 	}
-	// maxInFlight bounds half-open handshakes, not connections; 4096 keeps a
-	// SYN flood from the guest from growing without bound while being far
-	// above what real clients do (gvisor-tap-vsock's cap of 10 stalls npm).
-	fwd := tcp.NewForwarder(s, 0, 4096, h)
-	s.SetTransportProtocolHandler(tcp.ProtocolNumber, fwd.HandlePacket)
+	if err := st.serve(o.Ctx, o.Gate); err != nil {
+		s.Close()
+		return nil, err
+	}
 	return st, nil
 }
 

@@ -111,6 +111,17 @@ type Record struct {
 	// Config is the effective configuration snapshotted at create, so editing
 	// moat.toml later changes nothing until --reconfigure.
 	Config json.RawMessage `json:"config,omitempty"`
+	// Rules are the network rules added at run time (`moat network
+	// allow|block`): the highest layer, kept with the sandbox across
+	// restarts and discarded by destroy.
+	Rules *RuntimeRules `json:"runtime_rules,omitempty"`
+}
+
+// RuntimeRules are the runtime layer of the network policy. Entries are
+// as the user typed them; the gate parses them.
+type RuntimeRules struct {
+	Allow []string `json:"allow,omitempty"`
+	Block []string `json:"block,omitempty"`
 }
 
 // ErrNoSandbox is returned when a sandbox has no record.

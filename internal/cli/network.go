@@ -1,0 +1,354 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/daemon"
+	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/state"
+)
+
+func newNetworkCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "network",
+		Short: "See and change what a sandbox may reach",
+		Long: `Every connection a sandbox makes is decided by the gate outside it. Rules come in
+layers, lowest first: built-in and named policies (moat policy show default), your
+config.toml, the project's moat.toml, and runtime rules added here. The highest layer
+with an opinion wins; a block wins a tie.
+
+  moat network allow api pypi.org files.pythonhosted.org
+  moat network block api telemetry.example.com
+  moat network list api
+  moat network denials
+  moat network audit api -f`,
+	}
+	for _, op := range []string{"allow", "block", "remove"} {
+		c.AddCommand(newRuleCmd(op))
+	}
+	c.AddCommand(newNetworkListCmd(), newDenialsCmd(), newAuditCmd())
+	return c
+}
+
+var ruleHelp = map[string]string{
+	"allow":  "Allow destinations, live and kept with the sandbox",
+	"block":  "Block destinations, live and kept with the sandbox",
+	"remove": "Remove runtime rules added with allow or block",
+}
+
+func newRuleCmd(op string) *cobra.Command {
+	return &cobra.Command{
+		Use:   op + " NAME ENTRY...",
+		Short: ruleHelp[op],
+		Long: ruleHelp[op] + `.
+
+An entry is a host name (example.com: exactly that name), a wildcard (*.example.com:
+any subdomain, not example.com itself), either with a port (example.com:22), an IP
+address or a CIDR (10.20.0.0/16). Private, loopback and link-local addresses open only
+through an address rule. A running sandbox applies the change at once.`,
+		Example: fmt.Sprintf("  moat network %s api registry.example.com *.example.org:443", op),
+		Args:    cobra.MinimumNArgs(2),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, _, err := e.byName(args[0])
+			if err != nil {
+				return err
+			}
+			entries := args[1:]
+			for _, en := range entries {
+				if _, err := policy.ParseEntry(en); err != nil {
+					return codef(ExitUsage, "%q: %v", en, err)
+				}
+			}
+			if state.DaemonAlive(dir) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if _, err := control.New(filepath.Join(dir, "control.sock")).ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries}); err != nil {
+					return withCode(ExitUsage, err)
+				}
+			} else if err := state.Update(dir, func(r *state.Record) error {
+				if r.Rules == nil {
+					r.Rules = &state.RuntimeRules{}
+				}
+				return daemon.ApplyRuleChange(r.Rules, op, entries)
+			}); err != nil {
+				return withCode(ExitUsage, err)
+			}
+			verb := map[string]string{"allow": "allowed", "block": "blocked", "remove": "removed"}[op]
+			fmt.Fprintf(os.Stderr, "moat: %s %s for %s\n", verb, strings.Join(entries, " "), args[0])
+			return nil
+		},
+	}
+}
+
+// rulesOf returns the rules in force for a sandbox: the daemon's when it
+// runs, else compiled from its record (discovering from the host's files
+// only; the running daemon also asks the host's tools and reads the image).
+func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
+	if state.DaemonAlive(dir) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := control.New(filepath.Join(dir, "control.sock")).Rules(ctx)
+		if err == nil {
+			return r.Rules, nil
+		}
+	}
+	var cfg config.Config
+	if len(rec.Config) > 0 {
+		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
+			return nil, fmt.Errorf("reading the configuration snapshot: %w", err)
+		}
+	}
+	rules, err := daemon.Rules(cfg.Network, e.dirs.UserConfig(), rec.Rules, policy.Discover("/", nil, func(string) string { return "" }))
+	if err != nil {
+		return nil, err
+	}
+	var out []control.Rule
+	for _, r := range rules {
+		out = append(out, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
+	}
+	return out, nil
+}
+
+func newNetworkListCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "list NAME",
+		Short: "List every network rule of a sandbox with its layer",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.byName(args[0])
+			if err != nil {
+				return err
+			}
+			rules, err := e.rulesOf(dir, rec)
+			if err != nil {
+				return err
+			}
+			out := c.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(control.Rules{Schema: control.Schema, Rules: rules})
+			}
+			return printRules(out, rules)
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printRules(out io.Writer, rules []control.Rule) error {
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTION\tENTRY\tLAYER\tSOURCE")
+	for _, r := range rules {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Action, r.Entry, r.Layer, r.Source)
+	}
+	return tw.Flush()
+}
+
+func newDenialsCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "denials [NAME]",
+		Short: "Show what the gate denied, per destination (all sandboxes without NAME)",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			var recs []*state.Record
+			if len(args) == 1 {
+				_, r, err := e.byName(args[0])
+				if err != nil {
+					return err
+				}
+				recs = []*state.Record{r}
+			} else if recs, err = state.List(e.dirs); err != nil {
+				return err
+			}
+			type result struct {
+				Sandbox string `json:"sandbox"`
+				control.Denials
+			}
+			var all []result
+			for _, r := range recs {
+				d, err := e.denials(e.dirs.Sandbox(r.Name))
+				if err != nil {
+					return err
+				}
+				all = append(all, result{r.Name, *d})
+			}
+			out := c.OutOrStdout()
+			if asJSON {
+				return json.NewEncoder(out).Encode(map[string]any{"schema": control.Schema, "sandboxes": all})
+			}
+			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "SANDBOX\tDESTINATION\tCOUNT\tLAST\tWHY")
+			for _, s := range all {
+				for _, en := range s.Entries {
+					why := en.Reason
+					if en.Rule != "" {
+						why = "rule " + en.Rule
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Sandbox, en.Dest, en.Count, en.Last.Local().Format("15:04:05"), why)
+				}
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+// denials asks the running daemon for its ledger; for a stopped sandbox it
+// rebuilds one from the audit log.
+func (e *env) denials(dir string) (*control.Denials, error) {
+	if state.DaemonAlive(dir) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if d, err := control.New(filepath.Join(dir, "control.sock")).Denials(ctx); err == nil {
+			return d, nil
+		}
+	}
+	l := audit.NewLedger(1024)
+	err := audit.Read(filepath.Join(dir, "audit.jsonl"), func(r audit.Record) bool {
+		if r.Verdict == "deny" && r.Proto != "dns" {
+			l.Add(r)
+		}
+		return true
+	})
+	if err != nil && !os.IsNotExist(err) {
+		return nil, fmt.Errorf("reading the audit log: %w", err)
+	}
+	return &control.Denials{Schema: control.Schema, Total: l.Total(), Entries: l.Entries()}, nil
+}
+
+func newAuditCmd() *cobra.Command {
+	var asJSON, follow bool
+	c := &cobra.Command{
+		Use:   "audit NAME [-f]",
+		Short: "Print the gate's audit log: one line per decision",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, _, err := e.byName(args[0])
+			if err != nil {
+				return err
+			}
+			out := c.OutOrStdout()
+			enc := json.NewEncoder(out)
+			print := func(r audit.Record) {
+				if asJSON {
+					enc.Encode(r)
+					return
+				}
+				name := r.Name
+				if name == "" {
+					name = "-"
+				}
+				why := r.Reason
+				if r.Rule != "" {
+					why = strings.TrimSpace(r.Layer + " " + r.Rule + " " + why)
+				}
+				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), r.Verdict, r.Proto, r.Dst, name, why)
+			}
+			path := filepath.Join(dir, "audit.jsonl")
+			if !follow {
+				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
+				if os.IsNotExist(err) {
+					return nil
+				}
+				return err
+			}
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+			defer stop()
+			err = audit.Follow(ctx, path, print)
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print each record as JSON (schema 1)")
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new decisions until Ctrl-C")
+	return c
+}
+
+func newPolicyCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "policy",
+		Short: "List and show named network policies",
+	}
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "List the named policies a config can `use`",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tRULES\tWHAT")
+			fmt.Fprintf(tw, "default\t%d+\tAI model APIs, code hosts, package registries, and the repositories this host's tools use (used when [network] use is not set)\n", len(policy.Builtin()))
+			fmt.Fprintf(tw, "none\t0\tnothing: only your own allow rules\n")
+			return tw.Flush()
+		},
+	}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:   "show NAME",
+		Short: "Show every entry of a named policy with where it came from",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			var rules []policy.Rule
+			switch args[0] {
+			case "default":
+				rules = append(policy.Builtin(), policy.Discover("/", hostRun, os.Getenv)...)
+			case "none":
+			default:
+				return codef(ExitNotFound, "no policy named %q; see: moat policy list", args[0])
+			}
+			var out []control.Rule
+			for _, r := range rules {
+				out = append(out, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
+			}
+			if asJSON {
+				return json.NewEncoder(c.OutOrStdout()).Encode(control.Rules{Schema: control.Schema, Rules: out})
+			}
+			return printRules(c.OutOrStdout(), out)
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(list, show)
+	return c
+}
+
+// hostRun runs one of the host's tools for discovery, bounded in time.
+func hostRun(name string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).Output()
+	return string(out), err
+}

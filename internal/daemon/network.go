@@ -1,0 +1,287 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/state"
+)
+
+// NetworkOptions are the gate's inputs.
+type NetworkOptions struct {
+	Config     config.Network
+	UserConfig string // path of the user's config file: its layer is "user", every other file's "project"
+	// Upstream are the host resolvers the gate asks; empty: the host's
+	// /etc/resolv.conf.
+	Upstream []netip.AddrPort
+	// DiscoverRoots are root directories to read package-repository
+	// settings from (apt sources, apk repositories, pip, npm): "/" for the
+	// host image, the image's layers otherwise.
+	DiscoverRoots []string
+	// DiscoverHost also asks the host's own tools (go env, npm config).
+	DiscoverHost bool
+}
+
+// Rules assembles the policy's rules, lowest layer first: the named
+// policies in `use` (default: "default", the built-in list plus the
+// package repositories discovered on the host and in the image), then each
+// configuration file's rules as the user or project layer, then the
+// runtime layer. It fails on an unknown policy name or an entry that does
+// not parse: a sandbox whose policy is not what the user wrote must not
+// start with some other policy.
+func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discovered []policy.Rule) ([]policy.Rule, error) {
+	var out []policy.Rule
+	use := n.Use
+	if len(use) == 0 {
+		use = []string{"default"}
+	}
+	for _, name := range use {
+		switch name {
+		case "default":
+			out = append(out, policy.Builtin()...)
+			out = append(out, discovered...)
+		case "none":
+		default:
+			return nil, fmt.Errorf("network.use: unknown policy %q; the named policies are: default, none", name)
+		}
+	}
+	for _, l := range n.Layers {
+		layer := policy.LayerProject
+		if userConfig != "" && l.Source == userConfig {
+			layer = policy.LayerUser
+		}
+		for _, e := range []struct {
+			entries []string
+			a       policy.Action
+		}{{l.Allow, policy.Allow}, {l.Block, policy.Block}} {
+			rs, err := policy.FromEntries(e.entries, e.a, layer, l.Source)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", l.Source, err)
+			}
+			out = append(out, rs...)
+		}
+	}
+	if rt != nil {
+		for _, e := range []struct {
+			entries []string
+			a       policy.Action
+		}{{rt.Allow, policy.Allow}, {rt.Block, policy.Block}} {
+			rs, err := policy.FromEntries(e.entries, e.a, policy.LayerRuntime, "runtime")
+			if err != nil {
+				return nil, fmt.Errorf("runtime rules: %w", err)
+			}
+			out = append(out, rs...)
+		}
+	}
+	return out, nil
+}
+
+// ApplyRuleChange changes the runtime layer: allow and block add entries
+// (an entry is in one list at most, so allowing a blocked entry moves it),
+// remove takes them out of both. Entries are checked first; nothing
+// changes if one is bad.
+func ApplyRuleChange(rt *state.RuntimeRules, op string, entries []string) error {
+	for _, e := range entries {
+		if _, err := policy.ParseEntry(e); err != nil {
+			return fmt.Errorf("%q: %w", e, err)
+		}
+	}
+	del := func(list []string, e string) []string {
+		return slices.DeleteFunc(list, func(s string) bool { return strings.EqualFold(s, e) })
+	}
+	switch op {
+	case "allow", "block":
+		for _, e := range entries {
+			rt.Allow, rt.Block = del(rt.Allow, e), del(rt.Block, e)
+			if op == "allow" {
+				rt.Allow = append(rt.Allow, e)
+			} else {
+				rt.Block = append(rt.Block, e)
+			}
+		}
+	case "remove":
+		for _, e := range entries {
+			n := len(rt.Allow) + len(rt.Block)
+			rt.Allow, rt.Block = del(rt.Allow, e), del(rt.Block, e)
+			if len(rt.Allow)+len(rt.Block) == n {
+				return fmt.Errorf("%q is not a runtime rule of this sandbox (rules from moat.toml or config.toml are changed there; see: moat network list)", e)
+			}
+		}
+	default:
+		return fmt.Errorf("unknown rule operation %q: use allow, block or remove", op)
+	}
+	return nil
+}
+
+// network is the daemon's gate and what it needs to recompile its policy.
+type network struct {
+	o      NetworkOptions
+	dir    string
+	gate   *gate.Gate
+	audit  *audit.Log
+	ledger *audit.Ledger
+
+	// mu serialises recompiles (a runtime change racing a discovery);
+	// discovered is the discovered repositories, guarded by mu.
+	mu         sync.Mutex
+	discovered []policy.Rule
+}
+
+// startNetwork builds the gate. It fails if the policy does not compile:
+// no policy means no sandbox, never a sandbox with an open network.
+func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
+	o := d.o.Network
+	servers := o.Upstream
+	if len(servers) == 0 {
+		s, err := gate.ServersFromResolvConf("/etc/resolv.conf")
+		if err != nil {
+			return nil, fmt.Errorf("reading the host's resolvers: %w", err)
+		}
+		servers = s
+	}
+	al, err := audit.Open(filepath.Join(d.o.Dir, "audit.jsonl"), 0, 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening the audit log: %w", err)
+	}
+	n := &network{o: o, dir: d.o.Dir, audit: al, ledger: audit.NewLedger(1024)}
+	for _, root := range o.DiscoverRoots {
+		n.discovered = append(n.discovered, policy.Discover(root, nil, func(string) string { return "" })...)
+	}
+	p, err := n.compile()
+	if err != nil {
+		al.Close()
+		return nil, err
+	}
+	n.gate = gate.New(gate.Options{
+		Sandbox:   filepath.Base(d.o.Dir),
+		Policy:    p,
+		Resolver:  gate.NewResolver(gate.ResolverOptions{Servers: servers}),
+		HostAddrs: gate.HostAddrs,
+		Audit:     al,
+		Ledger:    n.ledger,
+		Log:       d.log.With("component", "gate"),
+	})
+	if o.DiscoverHost {
+		// The host's tools are asked after boot, off the start path: `npm
+		// config get` alone takes a third of a second. Until it answers,
+		// the built-in list and the repositories read from files apply.
+		go n.discoverHost(ctx, d)
+	}
+	go n.gate.RunPreresolve(ctx)
+	return n, nil
+}
+
+// compile rebuilds the policy from the record's runtime rules.
+func (n *network) compile() (*policy.Policy, error) {
+	rec, err := state.Load(n.dir)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := Rules(n.o.Config, n.o.UserConfig, rec.Rules, n.discovered)
+	if err != nil {
+		return nil, err
+	}
+	return policy.Compile(rules), nil
+}
+
+func (n *network) recompile() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	p, err := n.compile()
+	if err != nil {
+		return err
+	}
+	n.gate.SetPolicy(p)
+	return nil
+}
+
+func (n *network) discoverHost(ctx context.Context, d *daemon) {
+	run := func(name string, args ...string) (string, error) {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(cctx, name, args...).Output()
+		return string(out), err
+	}
+	found := policy.Discover("/", run, os.Getenv)
+	n.mu.Lock()
+	n.discovered = mergeRules(n.discovered, found)
+	n.mu.Unlock()
+	if err := n.recompile(); err != nil {
+		d.log.Warn("recompiling the policy after discovery", "err", err)
+	}
+}
+
+func mergeRules(a, b []policy.Rule) []policy.Rule {
+	seen := map[string]bool{}
+	var out []policy.Rule
+	for _, r := range append(slices.Clone(a), b...) {
+		k := r.Action.String() + " " + r.Entry
+		if !seen[k] {
+			seen[k] = true
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func (n *network) close() { n.audit.Close() }
+
+func (d *daemon) handleRules(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, rulesBody(d.net.gate.Policy()))
+}
+
+func rulesBody(p *policy.Policy) control.Rules {
+	out := control.Rules{Schema: control.Schema, Rules: []control.Rule{}}
+	if p == nil {
+		return out
+	}
+	for _, r := range p.Rules() {
+		out.Rules = append(out.Rules, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
+	}
+	return out
+}
+
+func (d *daemon) handleChangeRules(w http.ResponseWriter, r *http.Request) {
+	var ch control.RuleChange
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&ch); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "reading the rule change: " + err.Error()})
+		return
+	}
+	err := state.Update(d.o.Dir, func(rec *state.Record) error {
+		if rec.Rules == nil {
+			rec.Rules = &state.RuntimeRules{}
+		}
+		return ApplyRuleChange(rec.Rules, ch.Op, ch.Entries)
+	})
+	if err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	if err := d.net.recompile(); err != nil {
+		// Fail closed: the old policy stays, and the caller is told.
+		writeJSON(w, http.StatusInternalServerError, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	d.log.Info("network rules changed", "op", ch.Op, "entries", ch.Entries)
+	writeJSON(w, http.StatusOK, rulesBody(d.net.gate.Policy()))
+}
+
+func (d *daemon) handleDenials(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, control.Denials{Schema: control.Schema, Total: d.net.ledger.Total(), Entries: d.net.ledger.Entries()})
+}

@@ -1,0 +1,370 @@
+// Package gate is the egress gate: the one place where a sandbox's traffic
+// leaves for the outside, decided before anything is dialed.
+//
+// It exists because a sandbox whose network is "mostly" closed is open: an
+// agent with root inside will find the one path nobody filtered (a raw
+// socket, DNS to a public resolver, an IP it remembered, an allowed name
+// pointed at its own server). So the gate sits outside the guest, in the
+// per-sandbox daemon, and every flow is decided here by name, never by the
+// address the guest chose alone:
+//
+//   - DNS (dns.go): the guest's only resolver. A name the policy allows is
+//     resolved on the host and its answers remembered as bindings; any other
+//     name gets an address from a private pool bound to that name and is
+//     never sent upstream, so data hidden in query names goes nowhere.
+//   - TCP (tcp.go): every connection is decided before its upstream dial.
+//     TLS is decided by its SNI and dialed at what the host resolves for it;
+//     plain HTTP by its Host header; other ports by the name bound to the
+//     address the guest dialed.
+//   - Address classes (dial.go): loopback, private, link-local, metadata and
+//     the host's own addresses are refused after resolution and again at
+//     dial time, unless an explicit address rule opens them.
+//   - Audit: one JSON line per decision, and a ledger of denials.
+//
+// The gate does not know how packets arrive: the netstack front end (the
+// TAP of a local sandbox) hands it connections and datagrams, and another
+// front end (a sidecar on an internal network) can do the same.
+package gate
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/policy"
+)
+
+// Options configure a Gate.
+type Options struct {
+	Sandbox   string
+	Policy    *policy.Policy // nil: deny everything (fail closed)
+	Resolver  *Resolver
+	HostAddrs func() []netip.Addr // the host's own addresses, refused like loopback
+	Audit     *audit.Log          // may be nil in tests
+	Ledger    *audit.Ledger       // may be nil in tests
+	Log       *slog.Logger
+	Now       func() time.Time
+	// DialTimeout bounds one upstream dial. 10 s: longer than any healthy
+	// connect, short enough that a black-holed address frees its slot.
+	DialTimeout time.Duration
+	// PeekTimeout bounds how long the gate waits for a ClientHello or an
+	// HTTP request head before it gives up on the connection.
+	PeekTimeout time.Duration
+}
+
+// Gate is one sandbox's egress gate. Its policy is swapped atomically;
+// everything else is safe for concurrent use.
+type Gate struct {
+	o      Options
+	log    *slog.Logger
+	policy atomic.Pointer[policy.Policy]
+	pool   *Pool
+	binds  *Bindings
+	dns    *DNSServer
+
+	// hostMu guards hostAddrs, refreshed at most every hostAddrsTTL.
+	hostMu    sync.Mutex
+	hostAddrs []netip.Addr
+	hostAt    time.Time
+
+	// Counters for status and benchmarks.
+	allowed atomic.Int64
+	denied  atomic.Int64
+}
+
+// hostAddrsTTL: the host's addresses change rarely (DHCP, VPN up/down);
+// re-reading them once a second costs nothing and closes the window.
+const hostAddrsTTL = time.Second
+
+// New builds a gate.
+func New(o Options) *Gate {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.DialTimeout == 0 {
+		o.DialTimeout = 10 * time.Second
+	}
+	if o.PeekTimeout == 0 {
+		o.PeekTimeout = 10 * time.Second
+	}
+	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now)}
+	if o.Policy != nil {
+		g.policy.Store(o.Policy)
+	}
+	g.dns = NewDNSServer(DNSOptions{
+		Decide:   g.decideDNSName,
+		Resolver: o.Resolver,
+		Pool:     g.pool,
+		Bindings: g.binds,
+		Audit:    g.auditDNS,
+		Now:      o.Now,
+	})
+	return g
+}
+
+// SetPolicy swaps the policy. Established connections are not touched:
+// they were allowed when they were made.
+func (g *Gate) SetPolicy(p *policy.Policy) { g.policy.Store(p) }
+
+// Policy is the policy in force (nil: none, everything is denied).
+func (g *Gate) Policy() *policy.Policy { return g.policy.Load() }
+
+// DNS is the gate's DNS server, for the front end to feed.
+func (g *Gate) DNS() *DNSServer { return g.dns }
+
+// Bindings exposes the name bindings (pre-resolution adds to them).
+func (g *Gate) Bindings() *Bindings { return g.binds }
+
+// Counts returns how many flows were allowed and denied since start.
+func (g *Gate) Counts() (allowed, denied int64) { return g.allowed.Load(), g.denied.Load() }
+
+func (g *Gate) decideName(name string, port uint16) policy.Decision {
+	p := g.policy.Load()
+	if p == nil {
+		return policy.Decision{Verdict: policy.Deny}
+	}
+	return p.Name(name, port)
+}
+
+func (g *Gate) decideAddr(ip netip.Addr, port uint16) policy.Decision {
+	p := g.policy.Load()
+	if p == nil {
+		return policy.Decision{Verdict: policy.Deny}
+	}
+	return p.Addr(ip, port)
+}
+
+func (g *Gate) decideDNSName(name string) (bool, string, string) {
+	d := g.decideName(name, 0)
+	rule, layer := ruleOf(d)
+	return d.Verdict == policy.Allow, rule, layer
+}
+
+func ruleOf(d policy.Decision) (rule, layer string) {
+	if d.Rule == nil {
+		return "", ""
+	}
+	return d.Rule.Entry, d.Rule.Layer.String()
+}
+
+// host returns the host's own addresses, cached briefly.
+func (g *Gate) host() []netip.Addr {
+	if g.o.HostAddrs == nil {
+		return nil
+	}
+	g.hostMu.Lock()
+	defer g.hostMu.Unlock()
+	if now := g.o.Now(); now.Sub(g.hostAt) > hostAddrsTTL {
+		g.hostAddrs, g.hostAt = g.o.HostAddrs(), now
+	}
+	return g.hostAddrs
+}
+
+// special reports whether ip may not be dialed: it is in a refused class
+// and no explicit address rule opens it. The returned reason names the
+// class for the audit line.
+func (g *Gate) special(ip netip.Addr, port uint16) (string, bool) {
+	class, sp := policy.Special(ip, g.host())
+	if !sp {
+		return "", false
+	}
+	if p := g.policy.Load(); p != nil {
+		if _, ok := p.OpensSpecial(ip, port, class); ok {
+			return "", false
+		}
+	}
+	return class, true
+}
+
+func (g *Gate) audit(r audit.Record) {
+	r.Sandbox = g.o.Sandbox
+	if r.Time.IsZero() {
+		r.Time = g.o.Now().UTC()
+	}
+	if r.Verdict == "deny" {
+		g.denied.Add(1)
+		if g.o.Ledger != nil {
+			g.o.Ledger.Add(r)
+		}
+	} else {
+		g.allowed.Add(1)
+	}
+	if g.o.Audit != nil {
+		g.o.Audit.Write(r)
+	}
+}
+
+func (g *Gate) auditDNS(e DNSEvent) {
+	r := audit.Record{Proto: "dns", Dst: "gateway:53", Name: e.Name, NameFrom: "dns",
+		Verdict: e.Verdict, Rule: e.Rule, Layer: e.Layer, Reason: e.QType}
+	if e.Pool {
+		r.Reason = e.QType + ": answered from the private pool, not sent upstream"
+	}
+	if e.Err != "" {
+		r.Reason = e.QType + ": " + e.Err
+	}
+	if e.Verdict == "deny" {
+		// A denied name is a denial worth counting only once it is
+		// connected to; DNS denials go to the audit log, not the ledger,
+		// or every lookup of a blocked tracker would fill it.
+		if g.o.Audit != nil {
+			r.Sandbox, r.Time = g.o.Sandbox, g.o.Now().UTC()
+			g.o.Audit.Write(r)
+		}
+		return
+	}
+	g.audit(r)
+}
+
+// Refuses is the packet path's cheap check for a SYN: a destination in a
+// refused address class is denied (and audited) before any goroutine or
+// forwarder slot is spent on it.
+func (g *Gate) Refuses(dst netip.AddrPort) bool {
+	if InPool(dst.Addr()) {
+		return false
+	}
+	class, sp := g.special(dst.Addr(), dst.Port())
+	if sp {
+		g.audit(g.denyRecord("tcp", dst, "refused address class: "+class))
+	}
+	return sp
+}
+
+// DenyDatagram audits a UDP datagram the front end drops (anything but DNS
+// to the gateway: QUIC, DNS to a public resolver, plain UDP).
+func (g *Gate) DenyDatagram(dst netip.AddrPort, reason string) {
+	g.audit(g.denyRecord("udp", dst, reason))
+}
+
+// Echo decides an ICMP echo request to dst: answered only when the
+// destination is allowed (by its bound name or an address rule).
+func (g *Gate) Echo(dst netip.Addr) bool {
+	ap := netip.AddrPortFrom(dst, 0)
+	rec := audit.Record{Proto: "icmp", Dst: dst.String()}
+	names := g.namesOf(dst)
+	ok := false
+	if class, sp := g.special(dst, 0); sp && !InPool(dst) {
+		rec.Reason = "refused address class: " + class
+	} else {
+		for _, n := range names {
+			d := g.decideName(n.Name, 0)
+			if d.Verdict == policy.Allow {
+				rec.Name, rec.NameFrom = n.Name, n.Source
+				rec.Rule, rec.Layer = ruleOf(d)
+				ok = true
+				break
+			}
+		}
+		if !ok && len(names) == 0 {
+			d := g.decideAddr(dst, 0)
+			rec.Rule, rec.Layer = ruleOf(d)
+			ok = d.Verdict == policy.Allow
+		}
+	}
+	_ = ap
+	if ok {
+		rec.Verdict = "allow"
+	} else {
+		rec.Verdict = "deny"
+		if rec.Reason == "" {
+			rec.Reason = "no rule allows it"
+		}
+		if len(names) > 0 {
+			rec.Name, rec.NameFrom = names[0].Name, names[0].Source
+		}
+	}
+	g.audit(rec)
+	return ok
+}
+
+// boundName is a name the gate connects to an address, and why.
+type boundName struct{ Name, Source string }
+
+// namesOf lists the names bound to ip: the pool's, then live bindings.
+func (g *Gate) namesOf(ip netip.Addr) []boundName {
+	var out []boundName
+	if n, ok := g.pool.Name(ip); ok {
+		out = append(out, boundName{n, "pool"})
+	}
+	for _, b := range g.binds.Names(ip) {
+		out = append(out, boundName{b.Name, b.Source})
+	}
+	return out
+}
+
+func (g *Gate) denyRecord(proto string, dst netip.AddrPort, reason string) audit.Record {
+	return audit.Record{Proto: proto, Dst: dst.String(), Verdict: "deny", Reason: reason}
+}
+
+// Preresolve resolves the exact names of allow rules and binds their
+// answers (source "resolved"), so a guest that reaches an allowed host by
+// an address it learnt elsewhere is still matched to the name. Run it
+// periodically: CDNs move.
+func (g *Gate) Preresolve(ctx context.Context) {
+	p := g.policy.Load()
+	if p == nil || g.o.Resolver == nil {
+		return
+	}
+	var names []string
+	for _, r := range p.Rules() {
+		if r.Action == policy.Allow && r.Name != "" && !r.Wildcard {
+			names = append(names, r.Name)
+		}
+	}
+	sem := make(chan struct{}, 8)
+	var wg sync.WaitGroup
+	for _, n := range names {
+		if g.decideName(n, 0).Verdict != policy.Allow {
+			continue
+		}
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			addrs, ttl, err := g.o.Resolver.LookupA(lctx, n)
+			if err != nil || len(addrs) == 0 {
+				return
+			}
+			g.binds.Add(n, addrs, "resolved", g.o.Now().Add(max(ttl, preresolveEvery)+time.Minute))
+		}()
+	}
+	wg.Wait()
+}
+
+// preresolveEvery is how often allow rules are resolved again.
+const preresolveEvery = 5 * time.Minute
+
+// RunPreresolve resolves allow rules now and every preresolveEvery until
+// ctx ends.
+func (g *Gate) RunPreresolve(ctx context.Context) {
+	t := time.NewTicker(preresolveEvery)
+	defer t.Stop()
+	for {
+		g.Preresolve(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// AllowCommand is the command a person types to allow name for sandbox.
+func AllowCommand(sandbox, name string, port uint16) string {
+	entry := name
+	if port != 0 && port != 80 && port != 443 {
+		entry = fmt.Sprintf("%s:%d", name, port)
+	}
+	return fmt.Sprintf("moat network allow %s %s", sandbox, entry)
+}

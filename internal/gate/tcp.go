@@ -1,0 +1,464 @@
+package gate
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/peek"
+	"moat.dev/moat/internal/policy"
+)
+
+// TCPFlow is one guest connection attempt, handed over by a front end
+// while the guest's SYN still waits for an answer.
+type TCPFlow struct {
+	Src, Dst netip.AddrPort
+	// Accept completes the guest's handshake and returns its end.
+	Accept func() (net.Conn, error)
+	// Refuse answers the SYN with a reset: the guest fails at once.
+	Refuse func()
+}
+
+// maxFlows bounds the connections one sandbox may hold open through the
+// gate at once. 8192: far above what a build or an agent opens (npm peaks
+// in the low hundreds), low enough that a guest opening connections in a
+// loop cannot take the daemon's memory with it (ATTACKS 30).
+const maxFlows = 8192
+
+// maxPeek bounds the bytes read before a decision: a ClientHello is a few
+// hundred bytes (a few KiB with post-quantum key shares), a request head a
+// few KiB.
+const maxPeek = 64 << 10
+
+var flows atomic.Int64 // across gates: the daemon runs one gate
+
+// HandleTCP decides one connection and, if allowed, carries it to the
+// upstream until either side closes. It returns when the flow is over.
+func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
+	if flows.Add(1) > maxFlows {
+		flows.Add(-1)
+		f.Refuse()
+		g.audit(g.denyRecord("tcp", f.Dst, "too many open connections"))
+		return
+	}
+	defer flows.Add(-1)
+
+	dst := f.Dst
+	t := &tcpTrace{start: g.o.Now(), rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
+	pooled := InPool(dst.Addr())
+	if !pooled {
+		if class, sp := g.special(dst.Addr(), dst.Port()); sp {
+			f.Refuse()
+			t.rec.Reason = "refused address class: " + class
+			g.deny(t)
+			return
+		}
+	}
+	switch dst.Port() {
+	case 443, 80:
+		c, err := f.Accept()
+		if err != nil {
+			return
+		}
+		g.peeked(ctx, c, dst, t)
+	default:
+		g.bound(ctx, f, t)
+	}
+}
+
+// tcpTrace accumulates one flow's audit record.
+type tcpTrace struct {
+	start time.Time
+	rec   audit.Record
+}
+
+func (g *Gate) deny(t *tcpTrace) {
+	t.rec.Verdict = "deny"
+	if t.rec.Reason == "" {
+		t.rec.Reason = "no rule allows it"
+	}
+	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
+	g.audit(t.rec)
+}
+
+func (g *Gate) setDecision(t *tcpTrace, name, from string, d policy.Decision) {
+	t.rec.Name, t.rec.NameFrom = name, from
+	t.rec.Rule, t.rec.Layer = ruleOf(d)
+	if d.Verdict != policy.Allow && d.Rule != nil {
+		t.rec.Reason = "blocked by rule"
+	}
+}
+
+// bound decides a connection on a port the gate does not read (SSH,
+// databases, anything server-speaks-first) by the name bound to the
+// address, dials, and only then completes the guest's handshake, so a
+// refused upstream shows up in the guest as a refused connection.
+func (g *Gate) bound(ctx context.Context, f TCPFlow, t *tcpTrace) {
+	dst := f.Dst
+	target, ok := g.decideBound(dst, t)
+	if !ok {
+		f.Refuse()
+		g.deny(t)
+		return
+	}
+	up, err := g.dialTarget(ctx, target, t)
+	if err != nil {
+		f.Refuse()
+		g.finishFailed(t, err)
+		return
+	}
+	c, err := f.Accept()
+	if err != nil {
+		up.Close()
+		return
+	}
+	g.forward(ctx, c, up, nil, t)
+}
+
+// target is what the gate dials: either an address the guest chose that a
+// binding or address rule vouches for, or a name the host resolves.
+type target struct {
+	name string     // resolve this on the host, when set
+	addr netip.Addr // else dial this
+	port uint16
+}
+
+// decideBound decides dst by the names bound to its address, then by
+// address rules.
+func (g *Gate) decideBound(dst netip.AddrPort, t *tcpTrace) (target, bool) {
+	names := g.namesOf(dst.Addr())
+	for _, n := range names {
+		d := g.decideName(n.Name, dst.Port())
+		if d.Verdict == policy.Allow {
+			g.setDecision(t, n.Name, n.Source, d)
+			if n.Source == "pool" {
+				// The guest holds a pool address from when the name was
+				// denied; it is allowed now (a live rule change), so
+				// dial what the host resolves.
+				return target{name: n.Name, port: dst.Port()}, true
+			}
+			return target{addr: dst.Addr(), port: dst.Port()}, true
+		}
+	}
+	if len(names) > 0 {
+		n := names[0]
+		g.setDecision(t, n.Name, n.Source, g.decideName(n.Name, dst.Port()))
+		return target{}, false
+	}
+	if InPool(dst.Addr()) {
+		t.rec.Reason = "pool address with no name bound (expired lookup)"
+		return target{}, false
+	}
+	d := g.decideAddr(dst.Addr(), dst.Port())
+	g.setDecision(t, "", "", d)
+	if d.Verdict == policy.Allow {
+		return target{addr: dst.Addr(), port: dst.Port()}, true
+	}
+	return target{}, false
+}
+
+// peeked reads the first bytes of a connection to 443 or 80, decides by
+// the SNI or Host they carry, and carries the connection on.
+func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tcpTrace) {
+	buf, kind, err := g.readHead(c)
+	if err != nil {
+		c.Close()
+		t.rec.Reason = err.Error()
+		g.deny(t)
+		return
+	}
+	var tg target
+	var ok bool
+	switch kind {
+	case headTLS:
+		tg, ok = g.decideTLS(buf, dst, t)
+		if !ok {
+			c.Close()
+			g.deny(t)
+			return
+		}
+	case headHTTP:
+		var req peek.Request
+		tg, req, ok = g.decideHTTP(buf, dst, t)
+		if !ok {
+			g.refuseHTTP(c, req, dst, t)
+			g.deny(t)
+			return
+		}
+		buf = forceClose(buf, req)
+	default:
+		// Neither TLS nor HTTP on 443/80 (SSH over 443, say): decided
+		// like any other port, by the name bound to the address.
+		tg, ok = g.decideBound(dst, t)
+		if !ok {
+			c.Close()
+			g.deny(t)
+			return
+		}
+	}
+	up, err := g.dialTarget(ctx, tg, t)
+	if err != nil {
+		c.Close()
+		g.finishFailed(t, err)
+		return
+	}
+	g.forward(ctx, c, up, buf, t)
+}
+
+type headKind int
+
+const (
+	headOther headKind = iota
+	headTLS
+	headHTTP
+)
+
+// errPeek* are the reasons a connection is refused before a decision.
+var (
+	errPeekTimeout = errors.New("no ClientHello or request head in time")
+	errPeekLarge   = errors.New("ClientHello or request head too large")
+)
+
+// readHead reads until the bytes so far parse as a whole ClientHello or
+// request head, or are clearly neither.
+func (g *Gate) readHead(c net.Conn) ([]byte, headKind, error) {
+	c.SetReadDeadline(g.o.Now().Add(g.o.PeekTimeout))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 0, 2048)
+	tmp := make([]byte, 16<<10)
+	for {
+		n, err := c.Read(tmp)
+		buf = append(buf, tmp[:n]...)
+		if len(buf) > 0 {
+			switch {
+			case peek.LooksLikeTLS(buf):
+				_, perr := peek.ParseClientHello(buf)
+				if perr == nil {
+					return buf, headTLS, nil
+				}
+				if !errors.Is(perr, peek.ErrNeedMore) {
+					return buf, headTLS, fmt.Errorf("malformed ClientHello: %v", perr)
+				}
+			case peek.LooksLikeHTTP(buf):
+				_, perr := peek.ParseHTTPHead(buf)
+				if perr == nil || !errors.Is(perr, peek.ErrNeedMore) {
+					// Errors are judged by decideHTTP, which answers
+					// with a legible 400/403.
+					return buf, headHTTP, nil
+				}
+			case len(buf) >= 8:
+				return buf, headOther, nil
+			}
+		}
+		if len(buf) > maxPeek {
+			return nil, 0, errPeekLarge
+		}
+		if err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				if len(buf) > 0 && len(buf) < 8 && !peek.LooksLikeTLS(buf) && !peek.LooksLikeHTTP(buf) {
+					return buf, headOther, nil
+				}
+				return nil, 0, errPeekTimeout
+			}
+			return nil, 0, fmt.Errorf("guest closed before a decision: %v", err)
+		}
+	}
+}
+
+// decideTLS decides a connection by its ClientHello's SNI. The upstream is
+// what the host resolves for the SNI, never the address the guest chose:
+// an allowed SNI sent to an attacker's address reaches the allowed host.
+func (g *Gate) decideTLS(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, bool) {
+	hello, err := peek.ParseClientHello(buf)
+	if err != nil {
+		t.rec.Reason = "malformed ClientHello: " + err.Error()
+		return target{}, false
+	}
+	if hello.SNI == "" || hello.ECH {
+		what := "no SNI"
+		if hello.ECH {
+			what = "encrypted ClientHello"
+			t.rec.Name, t.rec.NameFrom = hello.SNI, "sni"
+		}
+		return g.byAddressRule(dst, t, what)
+	}
+	d := g.decideName(hello.SNI, dst.Port())
+	g.setDecision(t, hello.SNI, "sni", d)
+	if d.Verdict != policy.Allow {
+		return target{}, false
+	}
+	return target{name: hello.SNI, port: dst.Port()}, true
+}
+
+// byAddressRule allows a nameless connection only through an address rule.
+func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what string) (target, bool) {
+	if InPool(dst.Addr()) {
+		t.rec.Reason = what + " to a pool address"
+		return target{}, false
+	}
+	d := g.decideAddr(dst.Addr(), dst.Port())
+	t.rec.Rule, t.rec.Layer = ruleOf(d)
+	if d.Verdict != policy.Allow {
+		t.rec.Reason = what + " and no address rule allows " + dst.Addr().String()
+		return target{}, false
+	}
+	return target{addr: dst.Addr(), port: dst.Port()}, true
+}
+
+// decideHTTP decides a plain HTTP request by its Host.
+func (g *Gate) decideHTTP(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, peek.Request, bool) {
+	req, err := peek.ParseHTTPHead(buf)
+	if err != nil {
+		t.rec.Reason = "bad request head: " + err.Error()
+		return target{}, req, false
+	}
+	if req.Method == "CONNECT" {
+		t.rec.Name, t.rec.NameFrom = req.Host, "host"
+		t.rec.Reason = "CONNECT is not relayed through the gate"
+		return target{}, req, false
+	}
+	if req.Host == "" {
+		tg, ok := g.byAddressRule(dst, t, "no Host header")
+		return tg, req, ok
+	}
+	if ip, err := netip.ParseAddr(req.Host); err == nil {
+		t.rec.Name, t.rec.NameFrom = req.Host, "host"
+		if ip != dst.Addr() {
+			t.rec.Reason = "Host names another address than the one dialed"
+			return target{}, req, false
+		}
+		tg, ok := g.byAddressRule(dst, t, "address in Host")
+		return tg, req, ok
+	}
+	d := g.decideName(req.Host, dst.Port())
+	g.setDecision(t, req.Host, "host", d)
+	if d.Verdict != policy.Allow {
+		return target{}, req, false
+	}
+	return target{name: req.Host, port: dst.Port()}, req, true
+}
+
+// forceClose makes a plain-HTTP connection carry one request: the gate
+// decided on this request's Host, and a second request on a kept-alive
+// connection could name another host at the same address. Upgrades
+// (WebSocket) are left alone: after the upgrade the stream is no longer
+// HTTP.
+func forceClose(buf []byte, req peek.Request) []byte {
+	if req.HeaderEnd < 4 || req.HeaderEnd > len(buf) {
+		return buf
+	}
+	head := buf[:req.HeaderEnd]
+	if bytes.Contains(bytes.ToLower(head), []byte("\nupgrade:")) {
+		return buf
+	}
+	out := make([]byte, 0, len(buf)+19)
+	out = append(out, head[:len(head)-2]...)
+	out = append(out, "Connection: close\r\n\r\n"...)
+	return append(out, buf[req.HeaderEnd:]...)
+}
+
+// refuseHTTP answers a denied plain-HTTP request with a page an agent can
+// read: what was refused and the exact command that would allow it, so a
+// policy block is never mistaken for an outage.
+func (g *Gate) refuseHTTP(c net.Conn, req peek.Request, dst netip.AddrPort, t *tcpTrace) {
+	defer c.Close()
+	host := req.Host
+	if host == "" {
+		host = dst.Addr().String()
+	}
+	status := "403 Forbidden"
+	body := fmt.Sprintf("moat: the sandbox %q may not reach %s (port %d): %s.\n",
+		g.o.Sandbox, host, dst.Port(), reasonText(t.rec))
+	if t.rec.Reason == "" || t.rec.Reason == "blocked by rule" || strings.HasPrefix(t.rec.Reason, "no rule") {
+		body += fmt.Sprintf("To allow it, run on the host:\n\n    %s\n", AllowCommand(g.o.Sandbox, host, dst.Port()))
+	}
+	if strings.HasPrefix(t.rec.Reason, "bad request head") {
+		status = "400 Bad Request"
+	}
+	c.SetWriteDeadline(g.o.Now().Add(5 * time.Second))
+	fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Moat-Denied: %s\r\n\r\n%s",
+		status, len(body), host, body)
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+}
+
+func reasonText(r audit.Record) string {
+	switch {
+	case r.Reason == "" || r.Reason == "no rule allows it":
+		return "no rule allows it"
+	case r.Reason == "blocked by rule":
+		return "blocked by " + r.Layer + " rule " + strconv.Quote(r.Rule)
+	}
+	return r.Reason
+}
+
+// finishFailed audits an allowed flow whose upstream could not be reached.
+func (g *Gate) finishFailed(t *tcpTrace, err error) {
+	t.rec.Verdict = "allow"
+	var de *dialError
+	if errors.As(err, &de) && de.refusedClass != "" {
+		// Every address the name resolved to is in a refused class: that
+		// is a denial (rebinding to a private address, say).
+		t.rec.Verdict = "deny"
+	}
+	t.rec.Reason = err.Error()
+	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
+	g.audit(t.rec)
+}
+
+// forward writes what was peeked, then copies both ways until both sides
+// are done, and audits the flow with its byte counts.
+func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *tcpTrace) {
+	t.rec.Verdict = "allow"
+	t.rec.Upstream = up.RemoteAddr().String()
+	var upN, downN int64
+	if len(head) > 0 {
+		n, err := up.Write(head)
+		upN += int64(n)
+		if err != nil {
+			guest.Close()
+			up.Close()
+			t.rec.Reason = "upstream write: " + err.Error()
+			t.rec.BytesUp = upN
+			t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
+			g.audit(t.rec)
+			return
+		}
+	}
+	done := make(chan int64, 1)
+	go func() {
+		n, _ := io.Copy(up, guest)
+		closeWrite(up)
+		done <- n
+	}()
+	downN, _ = io.Copy(guest, up)
+	closeWrite(guest)
+	select {
+	case n := <-done:
+		upN += n
+	case <-ctx.Done():
+	}
+	guest.Close()
+	up.Close()
+	t.rec.BytesUp, t.rec.BytesDown = upN, downN
+	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
+	g.audit(t.rec)
+}
+
+func closeWrite(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	} else {
+		c.Close()
+	}
+}
