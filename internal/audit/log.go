@@ -1,0 +1,253 @@
+package audit
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults for Open: 16 MiB × (1 + 3) bounds a sandbox's audit to 64 MiB,
+// which at ~300 bytes a record is some 200 000 decisions of history.
+const (
+	DefaultMaxBytes = 16 << 20
+	DefaultKeep     = 3
+)
+
+// queueLen is how many records may wait for the disk before Write drops
+// them: enough to ride out a slow fsync elsewhere on the disk while a build
+// opens hundreds of connections a second.
+const queueLen = 4096
+
+// Log appends records to an audit file from one writer goroutine, so the
+// gate's decision paths never wait on the disk.
+type Log struct {
+	path     string
+	maxBytes int64
+	keep     int
+
+	queue   chan Record
+	done    chan struct{} // closed when the writer goroutine has exited
+	dropped atomic.Int64  // records Write could not queue, not yet reported
+	dropSB  atomic.Pointer[string]
+
+	// mu guards closed, and orders Close's close(queue) after every Write
+	// that is sending on it.
+	mu     sync.RWMutex
+	closed bool
+
+	// Owned by the writer goroutine until done is closed.
+	f    *os.File
+	w    *bufio.Writer
+	size int64
+	err  error // the first write or rotation error
+}
+
+// Open opens (creating it 0600 if need be) the audit file at path for
+// appending. The file is rotated to path.1 … path.keep when the next record
+// would take it past maxBytes; maxBytes ≤ 0 means DefaultMaxBytes, keep ≤ 0
+// DefaultKeep.
+func Open(path string, maxBytes int64, keep int) (*Log, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultMaxBytes
+	}
+	if keep <= 0 {
+		keep = DefaultKeep
+	}
+	l, err := newLog(path, maxBytes, keep, queueLen)
+	if err != nil {
+		return nil, err
+	}
+	go l.run()
+	return l, nil
+}
+
+// newLog opens the file; the caller starts the writer goroutine.
+func newLog(path string, maxBytes int64, keep, queued int) (*Log, error) {
+	l := &Log{
+		path:     path,
+		maxBytes: maxBytes,
+		keep:     keep,
+		queue:    make(chan Record, queued),
+		done:     make(chan struct{}),
+	}
+	if err := l.openFile(); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// openFile opens l.path for appending. A file that does not end in a newline
+// (moat died in the middle of a line) gets one, so the next record starts on
+// a line of its own and only the torn one is lost.
+func (l *Log) openFile() error {
+	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("opening audit log: %w", err)
+	}
+	size := fi.Size()
+	if size > 0 {
+		last := make([]byte, 1)
+		r, err := os.Open(l.path)
+		if err == nil {
+			_, err = r.ReadAt(last, size-1)
+			r.Close()
+		}
+		if err != nil {
+			f.Close()
+			return fmt.Errorf("opening audit log: %w", err)
+		}
+		if last[0] != '\n' {
+			if _, err := f.Write([]byte{'\n'}); err != nil {
+				f.Close()
+				return fmt.Errorf("opening audit log: %w", err)
+			}
+			size++
+		}
+	}
+	l.f, l.w, l.size = f, bufio.NewWriterSize(f, 64<<10), size
+	return nil
+}
+
+// Write queues r for the log and returns at once. It sets r.Schema, and
+// r.Time when it is zero. When the queue is full the record is dropped and
+// counted; the count is written later as a dropped record. Write after
+// Close does nothing. Safe for concurrent use.
+func (l *Log) Write(r Record) {
+	r.Schema = Schema
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	r.Time = r.Time.UTC()
+	l.mu.RLock()
+	defer l.mu.RUnlock()
+	if l.closed {
+		return
+	}
+	select {
+	case l.queue <- r:
+	default:
+		l.dropped.Add(1)
+		sb := r.Sandbox
+		l.dropSB.Store(&sb)
+	}
+}
+
+// Close writes what is queued, closes the file and returns the first error
+// the log met since Open. It may be called more than once.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		close(l.queue)
+	}
+	l.mu.Unlock()
+	<-l.done
+	return l.err
+}
+
+// run is the writer goroutine: it writes queued records in order and
+// flushes whenever the queue runs empty, so a follower sees a record about
+// as soon as it is written, yet a burst costs one write(2), not one per line.
+func (l *Log) run() {
+	defer close(l.done)
+	defer func() {
+		l.fail(l.w.Flush())
+		l.fail(l.f.Close())
+	}()
+	written := 0
+	for r := range l.queue {
+		l.write(r)
+		written++
+		// Report drops once the records queued before them are written
+		// (the queue ran empty), or after a queue's worth under load that
+		// never lets up, so that a follower learns of them in time.
+		if len(l.queue) == 0 || written >= cap(l.queue) {
+			written = 0
+			l.writeDropped()
+		}
+		if len(l.queue) == 0 {
+			l.fail(l.w.Flush())
+		}
+	}
+}
+
+// writeDropped writes a dropped record if Write has dropped any since the
+// last one.
+func (l *Log) writeDropped() {
+	n := l.dropped.Swap(0)
+	if n == 0 {
+		return
+	}
+	var sb string
+	if p := l.dropSB.Load(); p != nil {
+		sb = *p
+	}
+	l.write(Record{Schema: Schema, Time: time.Now().UTC(), Sandbox: sb, Verdict: Dropped,
+		Reason: fmt.Sprintf("audit queue full: %d records lost", n), Dropped: n})
+}
+
+// write appends one record, rotating first if it would not fit.
+func (l *Log) write(r Record) {
+	line, err := json.Marshal(r)
+	if err != nil {
+		l.fail(fmt.Errorf("encoding audit record: %w", err))
+		return
+	}
+	line = append(line, '\n')
+	if l.size > 0 && l.size+int64(len(line)) > l.maxBytes {
+		if err := l.rotate(); err != nil {
+			// Keep appending to the file we have: an audit file over its
+			// size is better than a lost record.
+			l.fail(err)
+		}
+	}
+	n, err := l.w.Write(line)
+	l.size += int64(n)
+	l.fail(err)
+}
+
+// rotate shifts path.(keep-1) … path.1, path up by one, dropping path.keep,
+// and starts a new, empty path.
+func (l *Log) rotate() error {
+	if err := l.w.Flush(); err != nil {
+		return fmt.Errorf("rotating audit log: %w", err)
+	}
+	for i := l.keep - 1; i >= 1; i-- {
+		err := os.Rename(l.rotated(i), l.rotated(i+1))
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("rotating audit log: %w", err)
+		}
+	}
+	if err := os.Rename(l.path, l.rotated(1)); err != nil {
+		return fmt.Errorf("rotating audit log: %w", err)
+	}
+	old := l.f
+	if err := l.openFile(); err != nil {
+		return err
+	}
+	old.Close()
+	return nil
+}
+
+func (l *Log) rotated(i int) string { return l.path + "." + strconv.Itoa(i) }
+
+func (l *Log) fail(err error) {
+	if err != nil && l.err == nil {
+		l.err = err
+	}
+}
