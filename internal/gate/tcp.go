@@ -182,7 +182,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	case headTLS:
 		tg, ok = g.decideTLS(buf, dst, t)
 		if !ok {
-			c.Close()
+			refuseTLS(c)
 			g.deny(t)
 			return
 		}
@@ -364,6 +364,18 @@ func forceClose(buf []byte, req peek.Request) []byte {
 	out = append(out, head[:len(head)-2]...)
 	out = append(out, "Connection: close\r\n\r\n"...)
 	return append(out, buf[req.HeaderEnd:]...)
+}
+
+// accessDenied is a TLS fatal alert record, access_denied (49). Alerts
+// sent before the handshake completes are in the clear, so the gate can
+// send one without terminating TLS, and the client says "alert access
+// denied" instead of a bare reset that looks like an outage.
+var accessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
+
+func refuseTLS(c net.Conn) {
+	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	c.Write(accessDenied)
+	c.Close()
 }
 
 // refuseHTTP answers a denied plain-HTTP request with a page an agent can
