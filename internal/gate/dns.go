@@ -108,7 +108,7 @@ func NewDNSServer(o DNSOptions) *DNSServer {
 // one DNSAudit event.
 func (s *DNSServer) Handle(ctx context.Context, query []byte, tcp bool) []byte {
 	ev := DNSEvent{Verdict: "deny"}
-	resp := s.handle(ctx, query, tcp, &ev)
+	resp := s.handle(ctx, query, &ev)
 	if resp != nil {
 		ev.Rcode = rcodeName(resp.Rcode)
 	}
@@ -125,64 +125,12 @@ type reply struct {
 	udpSize int // 0: no EDNS0 in the query
 }
 
-func (s *DNSServer) handle(ctx context.Context, query []byte, tcp bool, ev *DNSEvent) *reply {
-	if len(query) < dnsHeaderLen {
-		ev.Err = "malformed query: shorter than a DNS header"
-		return nil
-	}
-	flags := binary.BigEndian.Uint16(query[2:4])
-	if flags&(1<<15) != 0 {
-		ev.Err = "not a query: QR bit set"
-		return nil // answering answers could loop between two servers
-	}
-	req := new(dns.Msg)
-	if err := req.Unpack(query); err != nil {
-		ev.Err = "malformed query: " + err.Error()
-		m := new(dns.Msg)
-		m.Id = binary.BigEndian.Uint16(query[0:2])
-		m.Response = true
-		m.Opcode = int(flags>>11) & 0xF
-		m.Rcode = dns.RcodeFormatError
-		return &reply{Msg: m}
-	}
-	resp := &reply{Msg: new(dns.Msg)}
-	resp.SetReply(req)
-	resp.RecursionAvailable = true
-	if len(req.Question) == 1 {
-		ev.QType = typeName(req.Question[0].Qtype)
-	}
-
-	opt, ok := ednsOf(req)
-	if !ok {
-		ev.Err = "malformed query: more than one OPT record"
-		resp.Rcode = dns.RcodeFormatError
-		return resp
-	}
-	if opt != nil {
-		resp.SetEdns0(ednsUDPSize, false)
-		resp.udpSize = int(opt.UDPSize())
-		if opt.Version() != 0 {
-			ev.Err = fmt.Sprintf("unsupported EDNS version %d", opt.Version())
-			resp.Rcode = dns.RcodeBadVers
-			return resp
-		}
-	}
-	switch {
-	case req.Opcode != dns.OpcodeQuery:
-		ev.Err = "opcode " + dns.OpcodeToString[req.Opcode] + " not implemented"
-		resp.Rcode = dns.RcodeNotImplemented
-		return resp
-	case len(req.Question) != 1:
-		ev.Err = fmt.Sprintf("malformed query: %d questions", len(req.Question))
-		resp.Rcode = dns.RcodeFormatError
-		return resp
+func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent) *reply {
+	req, resp := parseQuery(query, ev)
+	if req == nil {
+		return resp // dropped (nil) or an error answer
 	}
 	q := req.Question[0]
-	if q.Qclass != dns.ClassINET {
-		ev.Err = "class " + className(q.Qclass) + " refused"
-		resp.Rcode = dns.RcodeRefused
-		return resp
-	}
 	name, err := normalizeQueryName(q.Name)
 	if err != nil {
 		ev.Err = err.Error()
@@ -213,6 +161,63 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, tcp bool, ev *DNSE
 	return resp
 }
 
+// parseQuery checks that query is one this server answers: a standard
+// query with one question of class IN and at most one EDNS0 (version 0)
+// record. If so it returns the parsed query and an empty answer to fill.
+// If not, req is nil and resp is the error answer to send, or nil to drop.
+func parseQuery(query []byte, ev *DNSEvent) (req *dns.Msg, resp *reply) {
+	if len(query) < dnsHeaderLen {
+		ev.Err = "malformed query: shorter than a DNS header"
+		return nil, nil
+	}
+	flags := binary.BigEndian.Uint16(query[2:4])
+	if flags&(1<<15) != 0 {
+		ev.Err = "not a query: QR bit set"
+		return nil, nil // answering answers could loop between two servers
+	}
+	req = new(dns.Msg)
+	if err := req.Unpack(query); err != nil {
+		ev.Err = "malformed query: " + err.Error()
+		m := new(dns.Msg)
+		m.Id = binary.BigEndian.Uint16(query[0:2])
+		m.Response = true
+		m.Opcode = int(flags>>11) & 0xF
+		m.Rcode = dns.RcodeFormatError
+		return nil, &reply{Msg: m}
+	}
+	resp = &reply{Msg: new(dns.Msg)}
+	resp.SetReply(req)
+	resp.RecursionAvailable = true
+	if len(req.Question) == 1 {
+		ev.QType = typeName(req.Question[0].Qtype)
+	}
+	opt, ok := ednsOf(req)
+	if opt != nil {
+		resp.SetEdns0(ednsUDPSize, false)
+		resp.udpSize = int(opt.UDPSize())
+	}
+	switch {
+	case !ok:
+		ev.Err = "malformed query: more than one OPT record"
+		resp.Rcode = dns.RcodeFormatError
+	case opt != nil && opt.Version() != 0:
+		ev.Err = fmt.Sprintf("unsupported EDNS version %d", opt.Version())
+		resp.Rcode = dns.RcodeBadVers
+	case req.Opcode != dns.OpcodeQuery:
+		ev.Err = "opcode " + dns.OpcodeToString[req.Opcode] + " not implemented"
+		resp.Rcode = dns.RcodeNotImplemented
+	case len(req.Question) != 1:
+		ev.Err = fmt.Sprintf("malformed query: %d questions", len(req.Question))
+		resp.Rcode = dns.RcodeFormatError
+	case req.Question[0].Qclass != dns.ClassINET:
+		ev.Err = "class " + className(req.Question[0].Qclass) + " refused"
+		resp.Rcode = dns.RcodeRefused
+	default:
+		return req, resp
+	}
+	return nil, resp
+}
+
 // answerResolved answers an A query for an allowed name from the host's
 // resolver, binding the answers before the guest can use them.
 func (s *DNSServer) answerResolved(ctx context.Context, q dns.Question, name string, resp *reply, ev *DNSEvent) {
@@ -235,7 +240,7 @@ func (s *DNSServer) answerResolved(ctx context.Context, q dns.Question, name str
 	}
 	// The guest may keep the answer for ttl; the binding outlives that by
 	// bindGrace, so the guest never holds an answer the gate has forgotten.
-	secs := max(uint32(min(ttl, maxTTL)/time.Second), 1)
+	secs := uint32(clamp(ttl, time.Second, maxTTL) / time.Second)
 	if s.o.Bindings != nil {
 		until := s.o.Now().Add(time.Duration(secs)*time.Second + bindGrace)
 		s.o.Bindings.Add(name, addrs, SourceObserved, until)

@@ -251,10 +251,11 @@ func (r *Resolver) store(key string, e cacheEntry) {
 				delete(r.cache, k)
 			}
 		}
-		// Still full of live entries: drop arbitrary ones. A dropped entry
-		// costs one more upstream query, nothing else.
+		// Still full of live entries: drop a tenth, arbitrary ones (map
+		// order), so the sweep above runs once per many inserts. A dropped
+		// entry costs one more upstream query, nothing else.
 		for k := range r.cache {
-			if len(r.cache) < r.maxCache {
+			if len(r.cache) < r.maxCache*9/10 {
 				break
 			}
 			delete(r.cache, k)
@@ -308,7 +309,8 @@ func (r *Resolver) lookup(key string) (cacheEntry, error) {
 // answerA extracts the A records for qname from resp, following CNAMEs
 // inside the answer section, and the TTL to cache the result for. Records
 // for owners off the chain are ignored: a resolver may add them, and a
-// forged or confused one must not bind them to qname.
+// forged or confused one must not bind them to qname. Addresses in the
+// private pool's range are dropped too: the gate reads those as its own.
 func answerA(qname string, resp *dns.Msg) ([]netip.Addr, time.Duration, error) {
 	switch resp.Rcode {
 	case dns.RcodeSuccess:
@@ -335,6 +337,11 @@ func answerA(qname string, resp *dns.Msg) ([]netip.Addr, time.Duration, error) {
 					continue
 				}
 				ip = ip.Unmap()
+				// A pool address from upstream would make a connection
+				// to it look like one to the pool name bound there.
+				if InPool(ip) {
+					continue
+				}
 				if !slices.Contains(addrs, ip) {
 					addrs = append(addrs, ip)
 				}

@@ -3,6 +3,7 @@ package gate
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -180,6 +181,19 @@ func (s *testDNS) queries() []queryRecord {
 	return slices.Clone(s.log)
 }
 
+func (s *testDNS) count() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.log)
+}
+
+// since returns the queries received after the first n.
+func (s *testDNS) since(n int) []queryRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.log[n:])
+}
+
 // blackHole is a UDP socket on 127.0.0.1 that reads queries and never
 // answers: a resolver that lost every packet.
 func blackHole(t testing.TB) netip.AddrPort {
@@ -221,6 +235,8 @@ func TestResolverLookupA(t *testing.T) {
 		"nodata.example.test":   {rrs: []string{"nodata.example.test. 60 IN AAAA 2001:db8::1"}, soa: true, soaTTL: 10},
 		"servfail.example.test": {rcode: dns.RcodeServerFailure},
 		"dup.example.test":      {rrs: []string{"dup.example.test. 60 IN A 192.0.2.5", "dup.example.test. 60 IN A 192.0.2.5"}},
+		"pooled.example.test":   {rrs: []string{"pooled.example.test. 60 IN A 198.18.0.1", "pooled.example.test. 60 IN A 192.0.2.6"}},
+		"onlypool.example.test": {rrs: []string{"onlypool.example.test. 60 IN A 198.19.1.1"}},
 	})
 	tests := []struct {
 		name     string
@@ -239,6 +255,8 @@ func TestResolverLookupA(t *testing.T) {
 		{"nodata.example.test", nil, 10 * time.Second, ErrNoAddress, true},
 		{"servfail.example.test", nil, 0, ErrServerFailure, true},
 		{"dup.example.test", addrs("192.0.2.5"), 60 * time.Second, nil, true},
+		{"pooled.example.test", addrs("192.0.2.6"), 60 * time.Second, nil, true},
+		{"onlypool.example.test", nil, minNegTTL, ErrNoAddress, true},
 		{"bad..example.test", nil, 0, ErrInvalidName, false},
 		{strings.Repeat("a", 64) + ".example.test", nil, 0, ErrInvalidName, false},
 	}
@@ -537,6 +555,23 @@ func TestResolverTimeout(t *testing.T) {
 				t.Errorf("lookup after Close: err = %v, want ErrClosed", err)
 			}
 		})
+	}
+}
+
+func TestResolverCacheBounded(t *testing.T) {
+	srv := startZone(t, nil) // every name is NXDOMAIN, cached 5 s
+	clock := newFakeClock()
+	r := NewResolver(ResolverOptions{Servers: []netip.AddrPort{srv.Addr}, Now: clock.Now})
+	defer r.Close()
+	r.maxCache = 20
+	for i := range 50 {
+		r.LookupA(context.Background(), fmt.Sprintf("n%d.example.test", i))
+		r.mu.Lock()
+		n := len(r.cache)
+		r.mu.Unlock()
+		if n > r.maxCache {
+			t.Fatalf("after %d lookups the cache holds %d entries, cap %d", i+1, n, r.maxCache)
+		}
 	}
 }
 
