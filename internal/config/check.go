@@ -7,6 +7,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"moat.dev/moat/internal/policy"
 )
 
 // checker turns a decoded rawFile into a File, collecting every problem
@@ -67,8 +69,8 @@ func (c *checker) file(raw *rawFile) *File {
 	f.Network = NetworkLayer{
 		Source: c.path,
 		Use:    c.list("network.use", raw.Network.Use),
-		Allow:  c.list("network.allow", raw.Network.Allow),
-		Block:  c.list("network.block", raw.Network.Block),
+		Allow:  c.rules("network.allow", raw.Network.Allow),
+		Block:  c.rules("network.block", raw.Network.Block),
 	}
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)
@@ -258,13 +260,33 @@ func reservedTarget(t string) string {
 }
 
 // list checks a list of non-empty strings and drops duplicates.
-// Network rules get only this light check here: the gate parses them,
-// and one parser is better than two that disagree.
 func (c *checker) list(key string, v []string) []string {
 	var out []string
 	for i, s := range v {
 		if strings.TrimSpace(s) == "" {
 			c.fail(fmt.Sprintf("%s[%d]", key, i), "empty entry; remove it")
+			continue
+		}
+		out = appendNew(out, s)
+	}
+	return out
+}
+
+// rules checks network.allow or network.block with the gate's own
+// parser, policy.ParseEntry, so a mistyped rule is an error naming its
+// line now instead of a rule that silently matches nothing later; and
+// one parser cannot disagree with itself. Entries are kept as written:
+// the gate parses them again when it compiles the policy.
+func (c *checker) rules(key string, v []string) []string {
+	var out []string
+	for i, s := range v {
+		k := fmt.Sprintf("%s[%d]", key, i)
+		if strings.TrimSpace(s) == "" {
+			c.fail(k, "empty entry; remove it")
+			continue
+		}
+		if _, err := policy.ParseEntry(s); err != nil {
+			c.fail(k, "%s", err)
 			continue
 		}
 		out = appendNew(out, s)

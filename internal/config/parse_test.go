@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -443,5 +444,70 @@ func TestSchemaTables(t *testing.T) {
 				t.Errorf("known key %s has no entry in wants", p)
 			}
 		}
+	}
+}
+
+// TestNetworkRules checks that network.allow and network.block entries
+// go through the gate's parser at load time: a bad rule is an error with
+// file, line, column and key, and says what to write instead.
+func TestNetworkRules(t *testing.T) {
+	_, err := Parse("moat.toml", []byte("[network]\nuse = [\"default\"]\n\nallow = [\"ok.example\", \"http://x.com\"]"))
+	if got, want := fmt.Sprint(err), `moat.toml:4:24: network.allow[1]: "http://x.com": a URL, not a rule; write x.com`; got != want {
+		t.Errorf("error\n  %s\nwant\n  %s", got, want)
+	}
+
+	tests := []struct {
+		name string
+		doc  string
+		want []string
+	}{
+		{"path", "[network]\nallow = [\n  \"a.example\",\n  \"x.com/api\",\n]", []string{`4:3: network.allow[1]: "x.com/api": a path is not part of a rule`, "write x.com"}},
+		{"bad port", `network.allow = ["a.example:0"]`, []string{`network.allow[0]: "a.example:0": port 0 is out of range`}},
+		{"star", "[network]\nblock = [\"*\"]", []string{`2:10: network.block[0]: "*": a wildcard alone would match every name`}},
+		{"partial wildcard", `network.block = ["*ads.example"]`, []string{`network.block[0]: "*ads.example": a wildcard must be a whole first label; write *.ads.example`}},
+		{"user info", `network.allow = ["git@github.com"]`, []string{`network.allow[0]: "git@github.com": user info is not part of a rule`}},
+		{"host bits", `network.allow = ["10.1.2.3/8"]`, []string{`"10.1.2.3/8": host bits are set; write 10.0.0.0/8`}},
+		{"shorthand", `network.allow = ["2130706433"]`, []string{`write the dotted address 127.0.0.1`}},
+		{"white space", `network.allow = [" a.example"]`, []string{`network.allow[0]: " a.example": contains white space; write "a.example"`}},
+		{"every bad entry", "[network]\nallow = [\"http://a.com\", \"ok.example\", \"b.com:x\"]\nblock = [\"c..com\"]",
+			[]string{`2:10: network.allow[0]`, `2:40: network.allow[2]: "b.com:x": port "x" is not a number`, `3:10: network.block[0]: "c..com": empty label`}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := parse(t, tt.doc)
+			if err == nil {
+				t.Fatalf("no error for %q", tt.doc)
+			}
+			var e *Error
+			if !errors.Is(err, ErrInvalid) || !errors.As(err, &e) || e.Line == 0 {
+				t.Errorf("error %v: want an ErrInvalid *Error with a line", err)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error\n  %v\nwant it to contain\n  %s", err, w)
+				}
+			}
+		})
+	}
+
+	// Good entries are kept as written (the gate normalizes), once.
+	f, err := parse(t, `[network]
+allow = ["*.Example.com:443", "10.20.0.0/16", "[2001:db8::1]:22", "bücher.example", "*.Example.com:443"]
+block = ["Telemetry.Example.com."]
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAllow := []string{"*.Example.com:443", "10.20.0.0/16", "[2001:db8::1]:22", "bücher.example"}
+	if !reflect.DeepEqual(f.Network.Allow, wantAllow) {
+		t.Errorf("allow = %q, want %q", f.Network.Allow, wantAllow)
+	}
+	if want := []string{"Telemetry.Example.com."}; !reflect.DeepEqual(f.Network.Block, want) {
+		t.Errorf("block = %q, want %q", f.Network.Block, want)
+	}
+
+	// Secret hosts are not network rules and keep their own check.
+	if _, err := parse(t, "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]"); err != nil {
+		t.Errorf("secret with host x: %v", err)
 	}
 }

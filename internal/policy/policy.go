@@ -1,0 +1,373 @@
+// Package policy decides, for the egress gate, whether a guest may reach a
+// name or an address. It exists so the decision is one pure function of
+// the rules, apart from the packet plumbing that asks for it: the gate,
+// DNS, the dial-time check and the interactive prompt all ask the same
+// compiled Policy and therefore cannot disagree.
+//
+// Rules come in layers, lowest first: the built-in default list, named
+// policies, the user's config, the project's config, runtime grants. The
+// highest layer that has an opinion (any rule matching the destination)
+// decides; inside that layer the most specific matching rule decides, and
+// a block beats an allow of equal specificity. Nothing matching means deny.
+//
+// Everything here is free of I/O except discover.go, which reads package
+// manager configuration to find the mirrors a sandbox needs.
+package policy
+
+import (
+	"fmt"
+	"net/netip"
+)
+
+// Action is what a rule says about the destinations it matches: Allow
+// or Block. The zero Action is invalid and decides like Block.
+type Action uint8
+
+// Allow is both an Action and a Verdict, so it is an untyped constant:
+// rule.Action == Allow and decision.Verdict == Allow both read as meant.
+const Allow = 1
+
+// Block is the Action of a block rule.
+const Block Action = 2
+
+// String is the word written in audit records; frozen.
+func (a Action) String() string {
+	switch a {
+	case Allow:
+		return "allow"
+	case Block:
+		return "block"
+	}
+	return fmt.Sprintf("Action(%d)", uint8(a))
+}
+
+// Layer is where a rule came from; a higher layer overrides a lower one.
+type Layer uint8
+
+const (
+	LayerBuiltin Layer = iota // compiled into moat
+	LayerNamed                // named policies from network.use, and discovered mirrors
+	LayerUser                 // ~/.config/moat/config.toml
+	LayerProject              // the project's moat.toml
+	LayerRuntime              // moat network allow/block and interactive grants
+)
+
+// String is the word written in audit records; frozen.
+func (l Layer) String() string {
+	switch l {
+	case LayerBuiltin:
+		return "builtin"
+	case LayerNamed:
+		return "policy"
+	case LayerUser:
+		return "user"
+	case LayerProject:
+		return "project"
+	case LayerRuntime:
+		return "runtime"
+	}
+	return fmt.Sprintf("Layer(%d)", uint8(l))
+}
+
+// Rule is one entry of an allow or block list. ParseEntry fills Entry,
+// Name, Wildcard, Port and Prefix; the caller sets Action, Layer and
+// Source.
+type Rule struct {
+	Entry    string // as written, e.g. "*.Example.com:443"
+	Action   Action
+	Layer    Layer
+	Source   string // "moat.toml:12", "policy default", "discovered: /etc/apt/sources.list", "runtime"
+	Name     string // normalized (see NormalizeName); "" for address rules
+	Wildcard bool   // "*.name": any subdomain depth, not the apex
+	Port     uint16 // 0 = any port
+	// Prefix is valid only for address rules; one address is a /32 or /128.
+	Prefix netip.Prefix
+}
+
+// IsAddr reports whether r is an address (IP or CIDR) rule.
+func (r *Rule) IsAddr() bool { return r.Name == "" && r.Prefix.IsValid() }
+
+// Verdict is the outcome of a decision: Allow or Deny. Its zero value is
+// Deny, so a Decision nobody filled in denies: the gate fails closed.
+type Verdict uint8
+
+// Deny is the Verdict of a denied destination, and the zero Verdict.
+const Deny Verdict = 0
+
+// String is the word written in audit records; frozen.
+func (v Verdict) String() string {
+	if v == Allow {
+		return "allow"
+	}
+	return "deny"
+}
+
+// Decision is a verdict and the rule that gave it. Rule is nil when no
+// rule had an opinion and the default (deny) applied. Rule points into
+// the Policy; callers must not modify it.
+type Decision struct {
+	Verdict Verdict
+	Rule    *Rule
+}
+
+// Policy is a compiled, immutable rule set, safe for concurrent use.
+// Callers that change rules compile a new Policy and swap a pointer
+// (atomic.Pointer), so a decision never sees half an update. A nil
+// *Policy denies everything: no policy means no egress.
+type Policy struct {
+	rules []Rule
+	rank  []uint32 // per rule, see rankOf
+
+	exact map[string][]int32 // name → rules "name" and "name:port"
+	wild  map[string][]int32 // suffix → rules "*.suffix" and "*.suffix:port"
+
+	// Address rules by prefix length, so a lookup masks the address once
+	// per length in use instead of scanning every rule.
+	addr  map[netip.Prefix][]int32
+	lens4 []int // prefix lengths in use for IPv4 rules, longest first
+	lens6 []int
+}
+
+// Compile builds a Policy from rules, which already carry Action, Layer
+// and Source. Rules() returns them in the same order. Compile trusts the
+// parsed fields (Name, Wildcard, Port, Prefix) as ParseEntry made them,
+// but normalizes Name again so a hand-built rule cannot silently match
+// nothing for want of lower case.
+func Compile(rules []Rule) *Policy {
+	p := &Policy{
+		rules: append([]Rule(nil), rules...),
+		rank:  make([]uint32, len(rules)),
+		exact: map[string][]int32{},
+		wild:  map[string][]int32{},
+		addr:  map[netip.Prefix][]int32{},
+	}
+	seen4, seen6 := map[int]bool{}, map[int]bool{}
+	for i := range p.rules {
+		r := &p.rules[i]
+		if r.Name != "" {
+			if n, err := NormalizeName(r.Name); err == nil {
+				r.Name = n
+			}
+		}
+		p.rank[i] = rankOf(r)
+		switch {
+		case r.Name != "" && r.Wildcard:
+			p.wild[r.Name] = append(p.wild[r.Name], int32(i))
+		case r.Name != "":
+			p.exact[r.Name] = append(p.exact[r.Name], int32(i))
+		case r.Prefix.IsValid():
+			pfx := r.Prefix.Masked()
+			r.Prefix = pfx
+			p.addr[pfx] = append(p.addr[pfx], int32(i))
+			if pfx.Addr().Is4() {
+				seen4[pfx.Bits()] = true
+			} else {
+				seen6[pfx.Bits()] = true
+			}
+		}
+	}
+	p.lens4, p.lens6 = sortedLens(seen4), sortedLens(seen6)
+	return p
+}
+
+func sortedLens(m map[int]bool) []int {
+	var out []int
+	for b := 128; b >= 0; b-- {
+		if m[b] {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// rankOf orders rules that match the same destination: a higher rank
+// decides. From most to least significant: the layer (the highest layer
+// with an opinion wins), how narrow the pattern is (an exact name beats
+// any wildcard, a deeper wildcard suffix beats a shallower one, a longer
+// prefix beats a shorter one), whether the rule names a port (a port
+// narrows the same pattern), and last the action, so a block wins a tie.
+func rankOf(r *Rule) uint32 {
+	var narrow uint32
+	switch {
+	case r.Name != "" && !r.Wildcard:
+		narrow = 255 // above any wildcard: a name has at most 127 labels
+	case r.Name != "":
+		narrow = uint32(labels(r.Name))
+	default:
+		narrow = uint32(r.Prefix.Bits()) + 1
+	}
+	rank := uint32(r.Layer)<<16 | narrow<<2
+	if r.Port != 0 {
+		rank |= 2
+	}
+	if r.Action == Block {
+		rank |= 1
+	}
+	return rank
+}
+
+func labels(name string) int {
+	n := 1
+	for i := 0; i < len(name); i++ {
+		if name[i] == '.' {
+			n++
+		}
+	}
+	return n
+}
+
+// Rules returns a copy of the rules in the order given to Compile.
+func (p *Policy) Rules() []Rule {
+	if p == nil {
+		return nil
+	}
+	return append([]Rule(nil), p.rules...)
+}
+
+// Name decides whether name may be reached on port. The name is
+// normalized here; one that is not a valid name is denied. Port 0 asks
+// whether the name may be reached on any port at all, which is what DNS
+// needs: a name is resolved iff some connection to it could be allowed.
+// Name rules only: an address rule never allows a name.
+func (p *Policy) Name(name string, port uint16) Decision {
+	if p == nil {
+		return Decision{}
+	}
+	n, err := NormalizeName(name)
+	if err != nil {
+		return Decision{}
+	}
+	var buf [16]int32
+	return p.decide(p.nameRules(n, buf[:0]), port, nil)
+}
+
+// nameRules appends the indices of the rules whose name pattern matches
+// n: exact rules for n, and wildcard rules for every proper suffix of n
+// (a.b.example.com looks up b.example.com, example.com and com). That is
+// one map lookup per label however many rules there are.
+func (p *Policy) nameRules(n string, out []int32) []int32 {
+	out = append(out, p.exact[n]...)
+	for i := 0; i < len(n); i++ {
+		if n[i] == '.' {
+			out = append(out, p.wild[n[i+1:]]...)
+		}
+	}
+	return out
+}
+
+// Addr decides whether ip may be reached on port by the address rules;
+// name rules are not consulted. An IPv4-mapped IPv6 address is decided
+// as the IPv4 address it carries, and a zone is ignored. Port 0 means
+// any port, as for Name. Addr says nothing about special addresses
+// (loopback, private, ...): the caller checks Special and OpensSpecial.
+func (p *Policy) Addr(ip netip.Addr, port uint16) Decision {
+	if p == nil || !ip.IsValid() {
+		return Decision{}
+	}
+	var buf [16]int32
+	return p.decide(p.addrRules(ip.Unmap().WithZone(""), buf[:0]), port, nil)
+}
+
+// addrRules appends the indices of the address rules whose prefix
+// contains ip, one map lookup per prefix length in use.
+func (p *Policy) addrRules(ip netip.Addr, out []int32) []int32 {
+	lens := p.lens6
+	if ip.Is4() {
+		lens = p.lens4
+	}
+	for _, b := range lens {
+		pfx, err := ip.Prefix(b)
+		if err != nil {
+			continue
+		}
+		out = append(out, p.addr[pfx]...)
+	}
+	return out
+}
+
+// decide picks the verdict among the rules cands (which all match the
+// destination's name or address) for port. keep, if not nil, filters
+// the candidates further.
+//
+// Port 0 asks whether any port is allowed. Only the ports some candidate
+// names can be decided differently from each other; every other port is
+// decided alike, by the portless rules alone. So it is enough to try each
+// mentioned port and one unmentioned one.
+func (p *Policy) decide(cands []int32, port uint16, keep func(*Rule) bool) Decision {
+	if keep != nil {
+		kept := cands[:0]
+		for _, i := range cands {
+			if keep(&p.rules[i]) {
+				kept = append(kept, i)
+			}
+		}
+		cands = kept
+	}
+	if port != 0 {
+		return p.at(cands, port)
+	}
+	var pbuf [16]uint16
+	ports := pbuf[:0]
+	for _, i := range cands {
+		if pt := p.rules[i].Port; pt != 0 && !containsPort(ports, pt) {
+			ports = append(ports, pt)
+		}
+	}
+	var denied Decision
+	for _, pt := range ports {
+		d := p.at(cands, pt)
+		if d.Verdict == Allow {
+			return d
+		}
+		if denied.Rule == nil {
+			denied = d
+		}
+	}
+	if len(ports) < 65535 {
+		// 0 here stands for a port no candidate names.
+		d := p.at(cands, 0)
+		if d.Verdict == Allow {
+			return d
+		}
+		// The rule for ports nobody named says most about why the name
+		// is denied; a port-specific block is the fallback.
+		if d.Rule != nil {
+			denied = d
+		}
+	}
+	return denied
+}
+
+func containsPort(ports []uint16, pt uint16) bool {
+	for _, x := range ports {
+		if x == pt {
+			return true
+		}
+	}
+	return false
+}
+
+// at picks the highest-ranked candidate that matches port. Port 0 here
+// is a port no rule names: only portless rules match it.
+func (p *Policy) at(cands []int32, port uint16) Decision {
+	best := int32(-1)
+	for _, i := range cands {
+		r := &p.rules[i]
+		if r.Port != 0 && r.Port != port {
+			continue
+		}
+		// Strictly greater keeps the first of two identical rules, so
+		// the decision names the rule the user wrote first.
+		if best < 0 || p.rank[i] > p.rank[best] {
+			best = i
+		}
+	}
+	if best < 0 {
+		return Decision{}
+	}
+	r := &p.rules[best]
+	if r.Action == Allow {
+		return Decision{Verdict: Allow, Rule: r}
+	}
+	return Decision{Verdict: Deny, Rule: r}
+}
