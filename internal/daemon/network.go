@@ -134,6 +134,7 @@ type network struct {
 	o      NetworkOptions
 	dir    string
 	gate   *gate.Gate
+	res    *gate.Resolver
 	audit  *audit.Log
 	ledger *audit.Ledger
 
@@ -168,10 +169,11 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		al.Close()
 		return nil, err
 	}
+	n.res = gate.NewResolver(gate.ResolverOptions{Servers: servers})
 	n.gate = gate.New(gate.Options{
 		Sandbox:   filepath.Base(d.o.Dir),
 		Policy:    p,
-		Resolver:  gate.NewResolver(gate.ResolverOptions{Servers: servers}),
+		Resolver:  n.res,
 		HostAddrs: gate.HostAddrs,
 		Audit:     al,
 		Ledger:    n.ledger,
@@ -240,7 +242,10 @@ func mergeRules(a, b []policy.Rule) []policy.Rule {
 	return out
 }
 
-func (n *network) close() { n.audit.Close() }
+func (n *network) close() {
+	n.res.Close()
+	n.audit.Close()
+}
 
 func (d *daemon) handleRules(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, rulesBody(d.net.gate.Policy()))

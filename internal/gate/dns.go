@@ -71,6 +71,11 @@ type DNSOptions struct {
 	Bindings *Bindings   // nil: answers are not bound (tests only)
 	Audit    DNSAudit
 	Now      func() time.Time
+	// Refused reports an answer address the gate would never dial (a
+	// private, loopback or metadata address no address rule opens); such
+	// answers are left out, so a name rebound to an internal address
+	// gives the guest nothing to aim at. nil: keep every answer.
+	Refused func(netip.Addr) bool
 }
 
 // DNSServer answers the guest's DNS queries. It is safe for concurrent
@@ -237,6 +242,20 @@ func (s *DNSServer) answerResolved(ctx context.Context, q dns.Question, name str
 		ev.Err = err.Error()
 		resp.Rcode = dns.RcodeServerFailure
 		return
+	}
+	if s.o.Refused != nil {
+		kept := addrs[:0:0]
+		for _, a := range addrs {
+			if !s.o.Refused(a) {
+				kept = append(kept, a)
+			}
+		}
+		if len(kept) < len(addrs) {
+			ev.Err = fmt.Sprintf("%d answer(s) in refused address classes left out", len(addrs)-len(kept))
+		}
+		if addrs = kept; len(addrs) == 0 {
+			return
+		}
 	}
 	// The guest may keep the answer for ttl; the binding outlives that by
 	// bindGrace, so the guest never holds an answer the gate has forgotten.

@@ -106,6 +106,7 @@ func New(o Options) *Gate {
 		Bindings: g.binds,
 		Audit:    g.auditDNS,
 		Now:      o.Now,
+		Refused:  func(a netip.Addr) bool { _, sp := g.special(a, 0); return sp },
 	})
 	return g
 }
@@ -233,9 +234,20 @@ func (g *Gate) Refuses(dst netip.AddrPort) bool {
 	}
 	class, sp := g.special(dst.Addr(), dst.Port())
 	if sp {
-		g.audit(g.denyRecord("tcp", dst, "refused address class: "+class))
+		g.audit(g.specialRecord("tcp", dst, class))
 	}
 	return sp
+}
+
+// specialRecord is the denial of a destination in a refused address
+// class, naming the name the guest looked up for it if there is one (an
+// allowed name that resolves to a metadata address, say).
+func (g *Gate) specialRecord(proto string, dst netip.AddrPort, class string) audit.Record {
+	r := g.denyRecord(proto, dst, "refused address class: "+class)
+	if names := g.namesOf(dst.Addr()); len(names) > 0 {
+		r.Name, r.NameFrom = names[0].Name, names[0].Source
+	}
+	return r
 }
 
 // DenyDatagram audits a UDP datagram the front end drops (anything but DNS

@@ -58,7 +58,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 	if !pooled {
 		if class, sp := g.special(dst.Addr(), dst.Port()); sp {
 			f.Refuse()
-			t.rec.Reason = "refused address class: " + class
+			t.rec = g.specialRecord("tcp", dst, class)
 			g.deny(t)
 			return
 		}

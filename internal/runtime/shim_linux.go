@@ -250,6 +250,16 @@ func overlay(lower, upper, work, target string) error {
 // guest's interface (the address is taken over by gVisor's netstack inside
 // the sandbox), and returns its fd.
 func createTAP() (int, error) {
+	// No IPv6 in the sandbox's namespace: otherwise the kernel gives tap0
+	// a link-local fe80:: address, gVisor copies it into the guest, and the
+	// guest has an IPv6 path the gate never meant to offer (ATTACKS 5).
+	// The gate drops IPv6 frames anyway; this keeps the guest from trying.
+	for _, k := range []string{"default", "all"} {
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return -1, fmt.Errorf("disabling IPv6 in the sandbox's network namespace: %w", err)
+		}
+	}
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return -1, fmt.Errorf("opening /dev/net/tun (is the tun module loaded? try: modprobe tun): %w", err)
