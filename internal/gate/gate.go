@@ -316,7 +316,7 @@ func (g *Gate) denyRecord(proto string, dst netip.AddrPort, reason string) audit
 	return audit.Record{Proto: proto, Dst: dst.String(), Verdict: "deny", Reason: reason}
 }
 
-// Preresolve resolves the exact names of allow rules and binds their
+// Preresolve resolves the exact names of written allow rules and binds their
 // answers (source "resolved"), so a guest that reaches an allowed host by
 // an address it learnt elsewhere is still matched to the name. Run it
 // periodically: CDNs move.
@@ -327,7 +327,10 @@ func (g *Gate) Preresolve(ctx context.Context) {
 	}
 	var names []string
 	for _, r := range p.Rules() {
-		if r.Action == policy.Allow && r.Name != "" && !r.Wildcard {
+		// Only the rules a person wrote (user, project, runtime): the
+		// named lists are long, mostly unused by any one sandbox, and
+		// their names are resolved when the guest looks them up.
+		if r.Action == policy.Allow && r.Name != "" && !r.Wildcard && r.Layer > policy.LayerNamed {
 			names = append(names, r.Name)
 		}
 	}
