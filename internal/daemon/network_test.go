@@ -1,0 +1,90 @@
+package daemon
+
+import (
+	"strings"
+	"testing"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/state"
+)
+
+func TestRulesLayers(t *testing.T) {
+	n := config.Network{
+		Use: []string{"none"},
+		Layers: []config.NetworkLayer{
+			{Source: "/home/u/.config/moat/config.toml", Block: []string{"a.test"}},
+			{Source: "/src/p/moat.toml", Allow: []string{"a.test", "b.test:22"}},
+		},
+	}
+	rt := &state.RuntimeRules{Block: []string{"b.test:22"}}
+	rules, err := Rules(n, "/home/u/.config/moat/config.toml", rt, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, r := range rules {
+		got = append(got, r.Layer.String()+" "+r.Action.String()+" "+r.Entry)
+	}
+	want := "user block a.test|project allow a.test|project allow b.test:22|runtime block b.test:22"
+	if strings.Join(got, "|") != want {
+		t.Fatalf("got  %s\nwant %s", strings.Join(got, "|"), want)
+	}
+	p := policy.Compile(rules)
+	// The project's allow beats the user's block (highest layer with an
+	// opinion); the runtime block beats the project's allow.
+	if d := p.Name("a.test", 443); d.Verdict != policy.Allow {
+		t.Errorf("a.test: %v", d.Verdict)
+	}
+	if d := p.Name("b.test", 22); d.Verdict != policy.Deny {
+		t.Errorf("b.test:22: %v", d.Verdict)
+	}
+}
+
+func TestRulesDefaultAndUnknownPolicy(t *testing.T) {
+	disc := []policy.Rule{{Entry: "mirror.test.example", Action: policy.Allow, Layer: policy.LayerNamed, Name: "mirror.test.example", Source: "discovered: test"}}
+	rules, err := Rules(config.Network{}, "", nil, disc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != len(policy.Builtin())+1 {
+		t.Fatalf("default: %d rules, want builtin + discovered", len(rules))
+	}
+	if rules, _ := Rules(config.Network{Use: []string{"none"}}, "", nil, disc); len(rules) != 0 {
+		t.Fatalf("none: %d rules", len(rules))
+	}
+	if _, err := Rules(config.Network{Use: []string{"nope"}}, "", nil, nil); err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+		t.Fatalf("unknown policy: %v", err)
+	}
+	if _, err := Rules(config.Network{Layers: []config.NetworkLayer{{Source: "moat.toml", Allow: []string{"http://x.test/"}}}}, "", nil, nil); err == nil {
+		t.Fatal("a bad entry compiled")
+	}
+}
+
+func TestApplyRuleChange(t *testing.T) {
+	rt := &state.RuntimeRules{}
+	steps := []struct {
+		op      string
+		entries []string
+		allow   string
+		block   string
+		wantErr string
+	}{
+		{"allow", []string{"a.test", "b.test"}, "a.test b.test", "", ""},
+		{"block", []string{"a.test"}, "b.test", "a.test", ""},
+		{"allow", []string{"A.TEST"}, "b.test A.TEST", "", ""},
+		{"remove", []string{"b.test"}, "A.TEST", "", ""},
+		{"remove", []string{"c.test"}, "A.TEST", "", "not a runtime rule"},
+		{"allow", []string{"ok.test", "http://bad/"}, "A.TEST", "", "http://bad/"},
+		{"grant", []string{"x.test"}, "A.TEST", "", "unknown rule operation"},
+	}
+	for _, s := range steps {
+		err := ApplyRuleChange(rt, s.op, s.entries)
+		if (err == nil) != (s.wantErr == "") || (err != nil && !strings.Contains(err.Error(), s.wantErr)) {
+			t.Fatalf("%s %v: err %v, want %q", s.op, s.entries, err, s.wantErr)
+		}
+		if strings.Join(rt.Allow, " ") != s.allow || strings.Join(rt.Block, " ") != s.block {
+			t.Fatalf("%s %v: allow %v block %v, want %q %q", s.op, s.entries, rt.Allow, rt.Block, s.allow, s.block)
+		}
+	}
+}
