@@ -9,4 +9,10 @@ cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH
 export MOAT_BIN=$PWD/bin/moat MOAT_RUNSC=$PWD/bin/runsc MOAT_BENCH_GATE=1
 export R=${R:-3} SIZE_MIB=${SIZE_MIB:-1024} CONNECTS=${CONNECTS:-1000} PARALLEL=${PARALLEL:-1000}
-go test -count=1 -timeout 30m -run '^TestBenchGate$' -v ./test/e2e/ 2>&1 | sed -n 's/^ *bench_gate_test.go:[0-9]*: //p'
+log=$(mktemp /tmp/moat-bench-gate-XXXX.log)
+trap 'rm -f "$log"' EXIT
+if ! go test -count=1 -timeout 30m -run '^TestBenchGate$' -v "${PKG:-./test/e2e/}" >"$log" 2>&1; then
+	tail -40 "$log" >&2
+	exit 1
+fi
+sed -n 's/^ *bench_gate_test.go:[0-9]*: //p' "$log"
