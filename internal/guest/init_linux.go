@@ -111,8 +111,10 @@ func shutdown(log *slog.Logger) {
 // step replaces what an earlier start wrote rather than appending again.
 func prepare(s *guestspec.Spec) error {
 	for _, d := range []string{"/tmp", "/var/tmp"} {
-		os.MkdirAll(d, 0o1777)
-		os.Chmod(d, 0o1777)
+		// os.FileMode keeps the sticky bit in ModeSticky, not in 0o1000:
+		// a bare 0o1777 would leave /tmp world-writable without it.
+		os.MkdirAll(d, os.ModeSticky|0o777)
+		os.Chmod(d, os.ModeSticky|0o777)
 	}
 	if err := writeUser(s); err != nil {
 		return fmt.Errorf("creating user %s: %w", s.User, err)
