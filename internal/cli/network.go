@@ -121,11 +121,7 @@ func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out []control.Rule
-	for _, r := range rules {
-		out = append(out, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
-	}
-	return out, nil
+	return control.RulesOf(rules), nil
 }
 
 func newNetworkListCmd() *cobra.Command {
@@ -330,10 +326,7 @@ func newPolicyCmd() *cobra.Command {
 			default:
 				return codef(ExitNotFound, "no policy named %q; see: moat policy list", args[0])
 			}
-			var out []control.Rule
-			for _, r := range rules {
-				out = append(out, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
-			}
+			out := control.RulesOf(rules)
 			if asJSON {
 				return json.NewEncoder(c.OutOrStdout()).Encode(control.Rules{Schema: control.Schema, Rules: out})
 			}

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/policy"
 )
 
 // Network endpoints (schema 1, fields only ever added):
@@ -21,6 +22,15 @@ type Rule struct {
 	Action string `json:"action"` // allow | block
 	Layer  string `json:"layer"`  // builtin | policy | user | project | runtime
 	Source string `json:"source"` // file, policy name or "runtime"
+}
+
+// RulesOf converts compiled rules to their wire form.
+func RulesOf(rs []policy.Rule) []Rule {
+	out := []Rule{}
+	for _, r := range rs {
+		out = append(out, Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
+	}
+	return out
 }
 
 // Rules is GET /v1/network/rules.

@@ -253,11 +253,8 @@ func (d *daemon) handleRules(w http.ResponseWriter, r *http.Request) {
 
 func rulesBody(p *policy.Policy) control.Rules {
 	out := control.Rules{Schema: control.Schema, Rules: []control.Rule{}}
-	if p == nil {
-		return out
-	}
-	for _, r := range p.Rules() {
-		out.Rules = append(out.Rules, control.Rule{Entry: r.Entry, Action: r.Action.String(), Layer: r.Layer.String(), Source: r.Source})
+	if p != nil {
+		out.Rules = control.RulesOf(p.Rules())
 	}
 	return out
 }
