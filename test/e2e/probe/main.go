@@ -8,7 +8,8 @@
 // The test builds it statically (CGO_ENABLED=0) once per test binary and copies it into
 // the sandbox's workspace. Every operation prints exactly one JSON line on stdout and exits
 // 0, whatever happened to the network, so one shell script can run many operations and the
-// test reads one result per line; a usage error exits 2.
+// test reads one result per line; an unknown operation exits 2. "probe batch" runs many
+// operations in one process, one after another or at once (see batch).
 package main
 
 import (
@@ -58,8 +59,75 @@ func main() {
 	if len(os.Args) < 2 {
 		usage()
 	}
-	op, args := os.Args[1], os.Args[2:]
-	fs := flag.NewFlagSet(op, flag.ExitOnError)
+	if os.Args[1] == "batch" {
+		batch(os.Args[2:])
+		return
+	}
+	r, ok := runOp(os.Args[1:])
+	if !ok {
+		usage()
+	}
+	json.NewEncoder(os.Stdout).Encode(r)
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: probe tcp|udp|dns|dnsflood|ping|raw|packet|tls|unix|proxy|servedns|listen [flags] args\n"+
+		"       probe batch [-parallel] < one JSON array of arguments per line")
+	os.Exit(2)
+}
+
+// batch runs one operation per line of stdin (a JSON array: the op, its flags, its
+// arguments), one after another or all at once, and prints each result as it is done. A
+// test runs many operations per guest session this way without paying a process start (and
+// a sudo) for each.
+func batch(args []string) {
+	fs := flag.NewFlagSet("batch", flag.ExitOnError)
+	parallel := fs.Bool("parallel", false, "run the operations at the same time")
+	fs.Parse(args)
+	var ops [][]string
+	sc := bufio.NewScanner(os.Stdin)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.TrimSpace(sc.Text()) == "" {
+			continue
+		}
+		var argv []string
+		if err := json.Unmarshal(sc.Bytes(), &argv); err != nil || len(argv) == 0 {
+			fmt.Fprintf(os.Stderr, "probe batch: line %q: want a JSON array of strings\n", sc.Text())
+			os.Exit(2)
+		}
+		ops = append(ops, argv)
+	}
+	var mu sync.Mutex
+	enc := json.NewEncoder(os.Stdout)
+	run := func(argv []string) {
+		r, _ := runOp(argv)
+		mu.Lock()
+		enc.Encode(r)
+		mu.Unlock()
+	}
+	var wg sync.WaitGroup
+	for _, argv := range ops {
+		if *parallel {
+			wg.Add(1)
+			go func() { defer wg.Done(); run(argv) }()
+		} else {
+			run(argv)
+		}
+	}
+	wg.Wait()
+}
+
+// usageError is what arg panics with when an operation lacks an argument; runOp turns it
+// into a failed result, so one bad line does not end a batch.
+type usageError string
+
+// runOp runs one operation; ok is false for an unknown operation.
+func runOp(argv []string) (r result, ok bool) {
+	op, args := argv[0], argv[1:]
+	r.Op = op
+	fs := flag.NewFlagSet(op, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	tag := fs.String("tag", "", "label echoed in the result")
 	timeout := fs.Duration("timeout", 3*time.Second, "bound of the whole operation")
 	var run func() (string, error)
@@ -89,21 +157,28 @@ func main() {
 	case "listen":
 		run = listenOp(fs, timeout)
 	default:
-		usage()
+		r.Err = "unknown operation"
+		return r, false
 	}
-	fs.Parse(args)
+	if err := fs.Parse(args); err != nil {
+		r.Tag, r.Err = *tag, "usage: "+err.Error()
+		return r, true
+	}
+	r.Tag = *tag
 	start := time.Now()
-	data, err := run()
-	r := result{Op: op, Tag: *tag, OK: err == nil, MS: float64(time.Since(start).Microseconds()) / 1000, Data: clip(data)}
+	data, err := func() (data string, err error) {
+		defer func() {
+			if u, isUsage := recover().(usageError); isUsage {
+				err = errors.New(string(u))
+			}
+		}()
+		return run()
+	}()
+	r.OK, r.MS, r.Data = err == nil, float64(time.Since(start).Microseconds())/1000, clip(data)
 	if err != nil {
 		r.Err = err.Error()
 	}
-	json.NewEncoder(os.Stdout).Encode(r)
-}
-
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: probe tcp|udp|dns|dnsflood|ping|raw|packet|tls|unix|proxy|servedns|listen [flags] args")
-	os.Exit(2)
+	return r, true
 }
 
 func clip(s string) string {
@@ -124,7 +199,7 @@ func unescape(s string) string {
 
 func arg(fs *flag.FlagSet, i int) string {
 	if fs.NArg() <= i {
-		usage()
+		panic(usageError(fmt.Sprintf("usage: %s needs at least %d arguments after its flags", fs.Name(), i+1)))
 	}
 	return fs.Arg(i)
 }
