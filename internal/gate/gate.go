@@ -259,7 +259,6 @@ func (g *Gate) DenyDatagram(dst netip.AddrPort, reason string) {
 // Echo decides an ICMP echo request to dst: answered only when the
 // destination is allowed (by its bound name or an address rule).
 func (g *Gate) Echo(dst netip.Addr) bool {
-	ap := netip.AddrPortFrom(dst, 0)
 	rec := audit.Record{Proto: "icmp", Dst: dst.String()}
 	names := g.namesOf(dst)
 	ok := false
@@ -281,7 +280,6 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 			ok = d.Verdict == policy.Allow
 		}
 	}
-	_ = ap
 	if ok {
 		rec.Verdict = "allow"
 	} else {
