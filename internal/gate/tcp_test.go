@@ -458,3 +458,26 @@ func mustHead(t *testing.T, b []byte) peek.Request {
 	}
 	return r
 }
+
+func TestEchoOnlyForAllowedDestinations(t *testing.T) {
+	f := newFixture(t, nil, []string{"ping.test", "198.51.100.7"}, nil)
+	bound := netip.MustParseAddr("198.51.100.8")
+	f.g.Bindings().Add("ping.test", []netip.Addr{bound}, SourceObserved, time.Now().Add(time.Minute))
+	for _, tc := range []struct {
+		dst  string
+		want bool
+	}{
+		{"198.51.100.8", true},  // bound to an allowed name
+		{"198.51.100.7", true},  // an address rule
+		{"198.51.100.9", false}, // nothing vouches for it
+		{"169.254.169.254", false},
+		{f.g.pool.Addr("denied.test").String(), false},
+	} {
+		if got := f.g.Echo(netip.MustParseAddr(tc.dst)); got != tc.want {
+			t.Errorf("Echo(%s) = %v, want %v", tc.dst, got, tc.want)
+		}
+	}
+	if denied := f.ledger.Total(); denied != 3 {
+		t.Errorf("ledger counts %d denials, want 3", denied)
+	}
+}
