@@ -19,10 +19,8 @@ import (
 	"net"
 	"net/netip"
 
-	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
-	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
 	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
@@ -53,8 +51,9 @@ const nicID tcpip.NICID = 1
 
 // Stack is one sandbox's network stack.
 type Stack struct {
-	s   *stack.Stack
-	log *slog.Logger
+	s    *stack.Stack
+	log  *slog.Logger
+	link *tapLink
 }
 
 // Options configure New.
@@ -68,45 +67,55 @@ type Options struct {
 
 // New serves a stack on the TAP fd.
 func New(o Options) (*Stack, error) {
-	if err := unix.SetNonblock(o.TAPFD, true); err != nil {
-		return nil, fmt.Errorf("setting tap fd non-blocking: %w", err)
-	}
-	ep, err := fdbased.New(&fdbased.Options{
-		FDs:                []int{o.TAPFD},
-		MTU:                MTU,
-		EthernetHeader:     true,
-		Address:            GatewayMAC,
-		PacketDispatchMode: fdbased.Readv, // a TAP fd is not a socket: readv is the mode that works on it
-		RXChecksumOffload:  true,          // frames come from gVisor's own stack over a local fd; nothing corrupts them in between
-		TXChecksumOffload:  true,
-	})
+	link, err := newTAPLink(o.TAPFD)
 	if err != nil {
-		return nil, fmt.Errorf("creating fdbased endpoint: %w", err)
+		return nil, err
 	}
 	s := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 		HandleLocal:        false,
 	})
-	st := &Stack{s: s, log: o.Log}
-	if e := s.CreateNIC(nicID, ep); e != nil {
-		return nil, fmt.Errorf("creating nic: %s", e)
+	st := &Stack{s: s, log: o.Log, link: link}
+	if err := st.configure(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if o.Ctx == nil {
+		o.Ctx = context.Background()
+	}
+	if err := st.serve(o.Ctx, o.Gate); err != nil {
+		st.Close()
+		return nil, err
+	}
+	if err := link.start(func(err error) { o.Log.Warn("tap: reading", "err", err) }); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
+}
+
+// configure sets up the NIC, the gateway's address and the stack's options.
+func (st *Stack) configure() error {
+	s, link := st.s, st.link
+	if e := s.CreateNIC(nicID, link); e != nil {
+		return fmt.Errorf("creating nic: %s", e)
 	}
 	// Promiscuous + spoofing: the stack accepts packets for any destination
 	// and can answer as that destination, which is how a connection to an
 	// arbitrary outside address ends up in our forwarder.
 	if e := s.SetPromiscuousMode(nicID, true); e != nil {
-		return nil, fmt.Errorf("setting promiscuous mode: %s", e)
+		return fmt.Errorf("setting promiscuous mode: %s", e)
 	}
 	if e := s.SetSpoofing(nicID, true); e != nil {
-		return nil, fmt.Errorf("setting spoofing: %s", e)
+		return fmt.Errorf("setting spoofing: %s", e)
 	}
 	addr := tcpip.AddrFrom4(Gateway.As4())
 	if e := s.AddProtocolAddress(nicID, tcpip.ProtocolAddress{
 		Protocol:          ipv4.ProtocolNumber,
 		AddressWithPrefix: tcpip.AddressWithPrefix{Address: addr, PrefixLen: PrefixLen},
 	}, stack.AddressProperties{}); e != nil {
-		return nil, fmt.Errorf("adding gateway address: %s", e)
+		return fmt.Errorf("adding gateway address: %s", e)
 	}
 	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
 	s.SetRouteTable([]tcpip.Route{{Destination: sub, NIC: nicID}})
@@ -114,15 +123,7 @@ func New(o Options) (*Stack, error) {
 	// throughput is bounded by window size, not loss.
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
-
-	if o.Ctx == nil {
-		o.Ctx = context.Background()
-	}
-	if err := st.serve(o.Ctx, o.Gate); err != nil {
-		s.Close()
-		return nil, err
-	}
-	return st, nil
+	return nil
 }
 
 // DialGuest opens a TCP connection from the gateway to the guest's port.
@@ -145,4 +146,5 @@ func (st *Stack) Stack() *stack.Stack { return st.s }
 func (st *Stack) Close() {
 	st.s.Close()
 	st.s.Wait()
+	st.link.close()
 }
