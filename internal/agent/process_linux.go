@@ -235,29 +235,41 @@ func (p *process) wait() {
 // session). A PTY session gets SIGHUP first, as a terminal hangup would
 // deliver; pipes have no such convention and are killed outright. Callers
 // hold mu.
+//
+// Each round kills the group before it looks: once the group has had
+// SIGKILL none of it can fork again, so a scan that then finds nobody left
+// is final. When the command left nothing behind, the usual end of a
+// session, one scan of /proc is all this costs; inside gVisor a scan takes
+// milliseconds, paid on every command's exit.
 func (p *process) terminate() {
-	if p.ptmx != nil && len(p.members()) > 0 {
-		p.signalAll(syscall.SIGHUP)
+	if p.ptmx != nil {
+		live := p.members()
+		if len(live) > 0 {
+			p.signalAll(syscall.SIGHUP, live)
+		}
 		deadline := time.Now().Add(hangupGrace)
-		for len(p.members()) > 0 && time.Now().Before(deadline) {
+		for len(live) > 0 && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
+			live = p.members()
 		}
 	}
+	var live []int
 	for range killRounds {
-		p.signalAll(syscall.SIGKILL)
-		if len(p.members()) == 0 {
+		syscall.Kill(-p.pid, syscall.SIGKILL)
+		if live = p.members(); len(live) == 0 {
 			return
 		}
+		p.signalAll(syscall.SIGKILL, live)
 		time.Sleep(5 * time.Millisecond)
 	}
-	p.log.Warn("processes survived session kill", "pgid", p.pid, "pids", p.members())
+	p.log.Warn("processes survived session kill", "pgid", p.pid, "pids", live)
 }
 
 // signalAll signals the group and, because job control moves a PTY shell's
-// jobs into groups of their own, every other process of the session.
-func (p *process) signalAll(sig syscall.Signal) {
+// jobs into groups of their own, each of the session's live processes.
+func (p *process) signalAll(sig syscall.Signal, live []int) {
 	syscall.Kill(-p.pid, sig)
-	for _, pid := range p.members() {
+	for _, pid := range live {
 		syscall.Kill(pid, sig)
 	}
 }

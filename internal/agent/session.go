@@ -223,13 +223,41 @@ func (ss *session) start(command string) {
 	} else {
 		spec.args = []string{filepath.Base(shell), "-c", command}
 	}
-	proc, err := startProcess(spec, ss.ch, ss.log)
+	proc := ss.startDirect(command, spec)
+	if proc == nil {
+		proc, err = startProcess(spec, ss.ch, ss.log)
+	}
 	if err != nil {
 		ss.setupErr = fmt.Errorf("starting %s: %w", shell, err)
 		return
 	}
 	ss.proc = proc
-	ss.log.Debug("session started", "pid", proc.pid, "pty", ss.pty != nil, "shell", command == "")
+	ss.log.Debug("session started", "pid", proc.pid, "pty", ss.pty != nil, "shell", command == "", "direct", proc.cmd.Path != shell)
+}
+
+// startDirect runs command's program without the shell when the shell
+// would add nothing (see direct.go). It returns nil when the command needs
+// the shell or the program could not be started, which the shell then
+// reports as it always does (command not found, permission denied, a script
+// without #!).
+func (ss *session) startDirect(command string, shellSpec procSpec) *process {
+	argv, ok := directArgv(command)
+	if !ok || needsShellEnv(shellSpec.env) {
+		return nil
+	}
+	path := lookPath(argv[0], shellSpec.env)
+	if path == "" {
+		return nil
+	}
+	spec := shellSpec
+	spec.path, spec.args = path, argv
+	spec.env = shellEnviron(shellSpec.env, shellSpec.path, shellSpec.dir, path)
+	proc, err := startProcess(spec, ss.ch, ss.log)
+	if err != nil {
+		ss.log.Debug("starting without the shell", "path", path, "err", err)
+		return nil
+	}
+	return proc
 }
 
 // workDir resolves and checks the directory the session starts in. A missing
