@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -48,6 +49,10 @@ type Server struct {
 	Dir   string // default working directory (the workspace); Home when empty
 	Env   []string
 	Log   *slog.Logger
+
+	// Children is set when the agent runs inside PID 1, which must then
+	// reap orphans without taking the agent's own children; see Children.
+	Children *Children
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a
@@ -127,7 +132,10 @@ func (s *Server) accept(ctx context.Context, ln net.Listener, cfg *ssh.ServerCon
 			continue
 		}
 		backoff = 0
-		conns.Go(func() { s.serveConn(ctx, nc, cfg) })
+		conns.Go(func() {
+			defer s.recoverPanic("connection")
+			s.serveConn(ctx, nc, cfg)
+		})
 	}
 }
 
@@ -172,13 +180,26 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 			nch.Reject(ssh.UnknownChannelType, fmt.Sprintf("channel type %q is not supported", nch.ChannelType()))
 			continue
 		}
-		wg.Go(func() { h(ctx, nch) })
+		wg.Go(func() {
+			defer s.recoverPanic("channel")
+			h(ctx, nch)
+		})
 	}
 	// chans is closed: the peer is gone. Cancelling tells every session to
 	// kill its process group; wait so none is left running unowned.
 	cancel()
 	wg.Wait()
 	log.Debug("connection closed")
+}
+
+// recoverPanic keeps a bug in one connection or channel from taking the
+// agent down with every other session, and, when the agent runs inside
+// PID 1, the whole sandbox: the failure is logged and that one connection
+// or channel ends, as net/http does for a handler.
+func (s *Server) recoverPanic(what string) {
+	if v := recover(); v != nil {
+		s.log().Error("panic serving "+what, "panic", v, "stack", string(debug.Stack()))
+	}
 }
 
 func (s *Server) log() *slog.Logger {

@@ -50,14 +50,17 @@ type procSpec struct {
 	uid  int // owner for the pty slave when cred is set
 	gid  int
 	pty  *ptyRequest // nil: pipes
+
+	children *Children // nil unless the agent shares PID 1
 }
 
 // process is a running session command, the leader of its own process group
 // (and, with a PTY, of its own session), plus the goroutines moving its I/O.
 type process struct {
-	cmd *exec.Cmd
-	pid int // also the process group id, and the session id with a PTY
-	log *slog.Logger
+	cmd      *exec.Cmd
+	pid      int // also the process group id, and the session id with a PTY
+	log      *slog.Logger
+	children *Children
 
 	ptmx    *os.File   // PTY master; nil with pipes
 	stdin   *os.File   // write end of the command's stdin; nil with a PTY
@@ -79,7 +82,7 @@ type process struct {
 
 func startProcess(spec procSpec, ch ssh.Channel, log *slog.Logger) (*process, error) {
 	cmd := &exec.Cmd{Path: spec.path, Args: spec.args, Env: spec.env, Dir: spec.dir}
-	p := &process{cmd: cmd, log: log, done: make(chan struct{})}
+	p := &process{cmd: cmd, log: log, children: spec.children, done: make(chan struct{})}
 	var err error
 	if spec.pty != nil {
 		err = p.startPTY(spec)
@@ -123,7 +126,7 @@ func (p *process) startPTY(spec procSpec) error {
 	// controlling terminal, so ^C reaches the foreground job only and job
 	// control works. Ctty is the child's fd 0.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Setctty: true, Credential: spec.cred}
-	if err := p.cmd.Start(); err != nil {
+	if err := p.children.start(p.cmd); err != nil {
 		ptmx.Close()
 		return err
 	}
@@ -159,7 +162,7 @@ func (p *process) startPipes(spec procSpec, ch ssh.Channel) error {
 	// Setpgid: its own process group, so signals and the final kill reach
 	// the command and its children but never the agent.
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: spec.cred}
-	if err := p.cmd.Start(); err != nil {
+	if err := p.children.start(p.cmd); err != nil {
 		closeAll()
 		return err
 	}
@@ -222,6 +225,7 @@ func (p *process) wait() {
 	p.mu.Unlock()
 	p.cmd.Wait()
 	p.state = p.cmd.ProcessState
+	p.children.done(p.pid)
 
 	p.exited.Store(true)
 	for _, f := range p.outputs {

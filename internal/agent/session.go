@@ -215,6 +215,8 @@ func (ss *session) start(command string) {
 		uid:  ss.srv.UID,
 		gid:  ss.srv.GID,
 		pty:  ss.pty,
+
+		children: ss.srv.Children,
 	}
 	if command == "" {
 		// A leading '-' in argv[0] is how login(1) and sshd ask a shell to

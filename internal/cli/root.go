@@ -1,7 +1,7 @@
 // Package cli is moat's command line, and the dispatch of the one binary's
-// other roles (daemon, shim, guest init, guest agent), which happens on argv
-// before the command parser so that the guest and the daemon never depend
-// on flags meant for people.
+// other roles (daemon, shim, guest init with the guest agent inside), which
+// happens on argv before the command parser so that the guest and the
+// daemon never depend on flags meant for people.
 package cli
 
 import (
@@ -24,8 +24,6 @@ func Main(args []string) int {
 		switch args[1] {
 		case "__init":
 			return guest.Init()
-		case "__agent":
-			return guest.Agent()
 		case "__shim":
 			if len(args) < 3 {
 				return ExitUsage

@@ -2,58 +2,62 @@ package guest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/signal"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/crypto/ssh"
-	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/agent"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
 )
 
-// Agent is the guest's SSH-protocol server, started by init.
-func Agent() int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "agent")
-	spec, err := guestspec.Read(guestspec.File)
-	if err != nil {
-		log.Error("reading spec", "err", err)
-		return 1
-	}
+// newAgent configures the guest's SSH-protocol server from the spec.
+func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) (*agent.Server, error) {
 	host, err := keys.Host(filepath.Join(guestspec.Dir, filepath.Base(keys.HostKey)))
 	if err != nil {
-		log.Error("loading host key", "err", err)
-		return 1
+		return nil, fmt.Errorf("loading host key: %w", err)
 	}
 	auth, _, _, _, err := ssh.ParseAuthorizedKey([]byte(spec.AuthorizedKey))
 	if err != nil {
-		log.Error("parsing authorized key", "err", err)
-		return 1
+		return nil, fmt.Errorf("parsing authorized key: %w", err)
 	}
-	ln, err := net.Listen("tcp", spec.Listen)
-	if err != nil {
-		log.Error("listening", "addr", spec.Listen, "err", err)
-		return 1
-	}
-	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGTERM, unix.SIGINT)
-	defer cancel()
 	shell := "/bin/sh"
 	if _, err := os.Stat("/bin/bash"); err == nil {
 		shell = "/bin/bash"
 	}
-	srv := &agent.Server{
+	return &agent.Server{
 		Shell:   shell,
 		HostKey: host, AuthorizedKey: auth,
 		UID: spec.UID, GID: spec.GID,
 		Home: spec.Home, Dir: spec.Workspace, Env: spec.Env, Log: log,
+		Children: children,
+	}, nil
+}
+
+// serveAgent serves the agent on spec.Listen until ctx ends. The agent is
+// the only way into the sandbox, so a listener that fails is opened again,
+// with a pause that grows to 2 s rather than a tight loop.
+func serveAgent(ctx context.Context, srv *agent.Server, listen string, log *slog.Logger) {
+	for restarts := 0; ctx.Err() == nil; restarts++ {
+		if restarts > 0 {
+			select {
+			case <-time.After(min(time.Duration(restarts)*100*time.Millisecond, 2*time.Second)):
+			case <-ctx.Done():
+				return
+			}
+		}
+		ln, err := net.Listen("tcp", listen)
+		if err != nil {
+			log.Error("listening", "addr", listen, "err", err, "restarts", restarts)
+			continue
+		}
+		if err := srv.Serve(ctx, ln); err != nil {
+			log.Error("serving; listening again", "err", err, "restarts", restarts)
+		}
 	}
-	if err := srv.Serve(ctx, ln); err != nil {
-		log.Error("serving", "err", err)
-		return 1
-	}
-	return 0
 }

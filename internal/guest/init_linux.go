@@ -1,27 +1,32 @@
-// Package guest is what runs inside the sandbox: moat init as PID 1 and the
-// moat agent, the SSH-protocol server every session goes through.
+// Package guest is what runs inside the sandbox: moat init, PID 1, which
+// also serves the moat agent, the SSH-protocol server every session goes
+// through.
 //
 // Init prepares the guest from guest.json, written by the daemon: the agent
 // user with passwordless sudo (written by init itself, so images need not
-// ship useradd), the resolver, then starts the agent, reaps every orphan,
-// and on SIGTERM stops everything cleanly. It must be small and never exit
-// by accident: when PID 1 exits, the sandbox is gone.
+// ship useradd), the resolver; then serves the agent, reaps every orphan,
+// and on SIGTERM stops everything cleanly. It must never exit by accident:
+// when PID 1 exits, the sandbox is gone. The agent shares its process (see
+// agent.Children for why): a listener that fails is reopened, and a panic
+// while serving one connection ends that connection only.
 package guest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/agent"
 	"moat.dev/moat/internal/guestspec"
 )
 
@@ -31,62 +36,54 @@ const shutdownGrace = 5 * time.Second
 
 // Init is PID 1 of the guest.
 func Init() int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "init")
+	base := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	log, agentLog := base.With("component", "init"), base.With("component", "agent")
 	spec, err := guestspec.Read(guestspec.File)
 	if err != nil {
 		log.Error("cannot start guest", "err", err)
 		return 1
 	}
-	if err := prepare(spec); err != nil {
-		log.Error("preparing guest", "err", err)
-		return 1
-	}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
 
-	agent, err := startAgent()
+	// The agent's keys load while init writes the user's files; it listens
+	// only once they are written, so no session can start before them.
+	children := agent.NewChildren()
+	var srv *agent.Server
+	var srvErr error
+	var loading sync.WaitGroup
+	loading.Go(func() {
+		srv, srvErr = newAgent(spec, children, agentLog)
+	})
+	err = prepare(spec)
+	loading.Wait()
 	if err != nil {
-		log.Error("starting agent", "err", err)
+		log.Error("preparing guest", "err", err)
 		return 1
 	}
-	var restarts int
+	if srvErr != nil {
+		log.Error("configuring agent", "err", srvErr)
+		return 1
+	}
+	ctx, stopAgent := context.WithCancel(context.Background())
+	defer stopAgent()
+	var serving sync.WaitGroup
+	serving.Go(func() { serveAgent(ctx, srv, spec.Listen, agentLog) })
+
 	for sig := range sigs {
 		switch sig {
 		case unix.SIGTERM, unix.SIGINT:
+			// The agent first: it kills its sessions' process groups and
+			// reports to their clients; then everything else.
+			stopAgent()
+			serving.Wait()
 			shutdown(log)
 			return 0
 		case unix.SIGCHLD:
-			for {
-				var ws unix.WaitStatus
-				pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
-				if pid <= 0 || err != nil {
-					break
-				}
-				if pid == agent {
-					// The agent is the only way in; a sandbox without it is
-					// useless, so bring it back, but not in a tight loop.
-					restarts++
-					log.Warn("agent exited; restarting", "status", ws.ExitStatus(), "restarts", restarts)
-					time.Sleep(min(time.Duration(restarts)*100*time.Millisecond, 2*time.Second))
-					if agent, err = startAgent(); err != nil {
-						log.Error("restarting agent", "err", err)
-						return 1
-					}
-				}
-			}
+			children.Reap()
 		}
 	}
 	return 0
-}
-
-func startAgent() (int, error) {
-	cmd := exec.Command(guestspec.Binary, "__agent")
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return 0, err
-	}
-	// Reaped by the Wait4 loop above, not by cmd.Wait.
-	return cmd.Process.Pid, nil
 }
 
 func shutdown(log *slog.Logger) {
