@@ -28,9 +28,11 @@ func Main(args []string) int {
 			if len(args) < 3 {
 				return ExitUsage
 			}
-			err := runtime.Shim(args[2])
-			fmt.Fprintln(os.Stderr, "moat shim:", err)
-			return ExitError
+			if err := runtime.Shim(args[2]); err != nil {
+				fmt.Fprintln(os.Stderr, "moat shim:", err)
+				return ExitError
+			}
+			return ExitOK
 		case "__daemon":
 			if len(args) < 3 {
 				return ExitUsage

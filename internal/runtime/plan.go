@@ -3,14 +3,15 @@
 // OCI bundle, and runs runsc.
 //
 // The work is split in two so that nothing survives a killed daemon. The
-// daemon starts a short-lived shim (the same binary) in a fresh mount and
-// network namespace, with a parent-death signal. The shim mounts the
-// overlays, creates tap0, hands the TAP fd to the daemon and execs
-// `runsc run`, which keeps the parent-death signal and passes its own to the
-// sandbox and gofer. If the daemon dies, even by SIGKILL, the kernel kills
-// runsc, runsc's children die with it, and the namespaces — with every mount
-// and the TAP device in them — go away with their last process. There is no
-// cleanup code that has to run for that to be true.
+// daemon starts a shim (the same binary) as PID 1 of fresh PID, mount and
+// network namespaces, with a parent-death signal. The shim mounts the
+// overlays, creates tap0, hands the TAP fd to the daemon, starts the
+// sandbox with `runsc run --detach` and stays as the parent of runsc's
+// sandbox and gofer until the sandbox exits. If the daemon dies, even by
+// SIGKILL, the kernel kills the shim, the PID namespace's other processes
+// die with their PID 1, and the namespaces — with every mount and the TAP
+// device in them — go away with their last process. There is no cleanup
+// code that has to run for that to be true.
 package runtime
 
 import (

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,8 +24,9 @@ import (
 const ShimFD = 3
 
 // Shim runs in the fresh namespaces: it mounts the root filesystem,
-// creates tap0, hands its fd to the daemon over ShimFD and execs runsc. It
-// returns only on error.
+// creates tap0, hands its fd to the daemon over ShimFD and runs the
+// sandbox. It returns when the sandbox has exited, with an error unless it
+// exited cleanly.
 func Shim(planPath string) error {
 	p, err := ReadPlan(planPath)
 	if err != nil {
@@ -62,42 +64,73 @@ func Shim(planPath string) error {
 // StopGrace is how long the guest gets between SIGTERM and SIGKILL.
 const StopGrace = 10 * time.Second
 
-// superviseRunsc runs `runsc run` as a child and waits for it. The shim is
-// PID 1 of its own PID namespace, so when it dies — also when the daemon
-// dies and the parent-death signal kills it — the kernel kills every
-// process in the namespace: runsc, its gofer and sandbox. runsc run alone
-// would not do: it outlives a killed parent. SIGTERM asks the guest to stop
-// (runsc kill TERM, run from inside this namespace, where runsc's recorded
-// pids mean what they say), then kills it after StopGrace.
+// superviseRunsc starts the sandbox with `runsc run --detach` and stays
+// until it exits. The shim is PID 1 of its own PID namespace, so when it
+// dies — also when the daemon dies and the parent-death signal kills it —
+// the kernel kills every process in the namespace: runsc's sandbox and
+// gofer. runsc run alone would not do: it outlives a killed parent.
+//
+// Detached, runsc returns once the sandbox runs, and its sandbox and gofer
+// are re-parented to the shim, which reaps them: the long-lived `runsc run`
+// that would otherwise only wait costs about 7 MiB (PSS) per sandbox for
+// nothing. SIGTERM asks the guest to stop (runsc kill TERM, run from inside
+// this namespace, where runsc's recorded pids mean what they say), then
+// kills it after StopGrace.
 func superviseRunsc(p *Plan, bundle string) error {
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	cmd := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, p.Debug), "run", "--bundle="+bundle, p.ID)...)
-	cmd.Stdout, cmd.Stderr, cmd.Env = os.Stdout, os.Stderr, env
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("starting runsc: %w", err)
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	pidFile := filepath.Join(bundle, "sandbox.pid")
+	run := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, p.Debug), "run", "--detach", "--pid-file="+pidFile, "--bundle="+bundle, p.ID)...)
+	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
+	if err := run.Run(); err != nil {
+		return fmt.Errorf("runsc run: %w", err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	b, err := os.ReadFile(pidFile)
+	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || sandbox <= 0 {
+		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
+	}
 	for {
-		select {
-		case err := <-done:
-			if err != nil {
-				return fmt.Errorf("runsc: %w", err)
-			}
-			return nil
-		case <-sigs:
+		if ws, exited := reap(sandbox); exited {
+			return sandboxExit(ws)
+		}
+		switch <-sigs {
+		case syscall.SIGTERM, syscall.SIGINT:
 			kill := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, false), "kill", p.ID, "TERM")...)
 			kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
 			kill.Run()
-			go func() {
-				time.Sleep(StopGrace)
-				cmd.Process.Kill()
-			}()
+			time.AfterFunc(StopGrace, func() { unix.Kill(-1, unix.SIGKILL) })
 		}
 	}
+}
+
+// reap reaps every exited child (the sandbox, the gofer, runsc kill) and
+// reports whether the sandbox was one of them.
+func reap(sandbox int) (unix.WaitStatus, bool) {
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if pid <= 0 || err != nil {
+			return 0, false
+		}
+		if pid == sandbox {
+			return ws, true
+		}
+	}
+}
+
+func sandboxExit(ws unix.WaitStatus) error {
+	switch {
+	case ws.Signaled():
+		return fmt.Errorf("runsc sandbox killed by %v", ws.Signal())
+	case ws.ExitStatus() != 0:
+		return fmt.Errorf("runsc sandbox exited with status %d", ws.ExitStatus())
+	}
+	return nil
 }
 
 // hostDirs are the host's system directories a host-image sandbox sees,
