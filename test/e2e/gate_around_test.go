@@ -221,7 +221,10 @@ func (g *gateEnv) attack05(t *testing.T) {
 	}
 	calls = append(calls, pr("udp", to, "-6", "[2001:db8::53]:53"), pr("udp", to, "-6", "[ff02::1%tap0]:9999"))
 	s := g.script()
-	addrs := s.shell(`grep -v ' lo$' /proc/net/if_inet6 2>/dev/null | grep . || echo no-ipv6-address`)
+	// A stack that configures IPv6 does so within a second or two of boot (link-local
+	// address, duplicate address detection): look only once the guest is older than that.
+	addrs := s.shell(`up=$(cut -d. -f1 /proc/uptime); if [ "$up" -lt 4 ]; then sleep $((4 - up)); fi
+grep -v ' lo$' /proc/net/if_inet6 2>/dev/null | grep . || echo no-ipv6-address`)
 	dials := s.parallel(calls...)
 	aaaa := s.probes(pr("dns", gatewayIP+":53", "allowed.test", "AAAA"), pr("dns", gatewayIP+":53", "evil.test", "AAAA"))
 	o := s.run(t)

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -87,6 +88,7 @@ func installProbe(t *testing.T, dir string) string {
 type script struct {
 	g     *gateEnv
 	steps []step
+	out   string // where curls write what they got: in the workspace, so the test reads it
 }
 
 type step struct {
@@ -104,7 +106,12 @@ type call []string
 
 func pr(args ...string) call { return call(args) }
 
-func (g *gateEnv) script() *script { return &script{g: g} }
+// scriptSeq numbers scripts, so each writes its curl results to a directory of its own.
+var scriptSeq atomic.Int64
+
+func (g *gateEnv) script() *script {
+	return &script{g: g, out: filepath.Join(g.dir, "out", strconv.FormatInt(scriptSeq.Add(1), 10))}
+}
 
 func (s *script) add(st step) int { s.steps = append(s.steps, st); return len(s.steps) - 1 }
 
@@ -133,15 +140,15 @@ func (s *script) shell(cmd string) int { return s.add(step{kind: "shell", shell:
 
 const (
 	stepMark = "=moat-e2e-step="
-	curlSep  = "=moat-e2e-sep="
 )
 
 func (s *script) text() string {
 	var sb strings.Builder
-	file := func(i int) string { return fmt.Sprintf("/tmp/moat-curl-%d", i) }
-	printCurl := func(i int) {
-		fmt.Fprintf(&sb, "echo %s%d; echo \"$(cat %[3]s.w) $(cat %[3]s.rc)\"; for x in h b e; do echo %[4]s; cat %[3]s.$x 2>/dev/null; done\n", stepMark, i, file(i), curlSep)
-	}
+	// Curls write their results to files in the workspace, which the test reads on the
+	// host: printing them from the guest would cost a process each.
+	file := func(i int) string { return filepath.Join(s.out, fmt.Sprintf("curl-%d", i)) }
+	printCurl := func(i int) { fmt.Fprintf(&sb, "echo %s%d\n", stepMark, i) }
+	fmt.Fprintf(&sb, "mkdir -p %s\n", shQuote(s.out))
 	var pending []int
 	flush := func() {
 		if len(pending) == 0 {
@@ -160,7 +167,7 @@ func (s *script) text() string {
 	for i, st := range s.steps {
 		if st.kind == "curl" {
 			full := append([]string{"curl", "-sS", "--max-time", curlMaxTimeS, "-D", file(i) + ".h", "-o", file(i) + ".b", "-w", "%{http_code} %{time_total}"}, st.args...)
-			cmd := fmt.Sprintf("rm -f %[1]s.*; %[2]s >%[1]s.w 2>%[1]s.e; echo $? >%[1]s.rc", file(i), shQuote(full...))
+			cmd := fmt.Sprintf("%[2]s >%[1]s.w 2>%[1]s.e; echo $? >%[1]s.rc", file(i), shQuote(full...))
 			if st.bg {
 				fmt.Fprintf(&sb, "( %s ) & P%d=$!\n", cmd, i)
 				pending = append(pending, i)
@@ -259,17 +266,18 @@ func (o *scriptOut) text(i int) string { return o.parts[i] }
 // curl returns the result of step i, a curl.
 func (o *scriptOut) curl(t *testing.T, i int) curlResult {
 	t.Helper()
-	p := strings.Split(o.parts[i], curlSep+"\n")
-	if len(p) != 4 {
-		t.Fatalf("curl step output not understood: %q", o.parts[i])
+	read := func(ext string) string {
+		b, _ := os.ReadFile(filepath.Join(o.s.out, fmt.Sprintf("curl-%d.%s", i, ext)))
+		return string(b)
 	}
-	f := strings.Fields(p[0])
-	if len(f) != 3 {
-		t.Fatalf("curl status line %q not understood", p[0])
+	c := curlResult{args: o.s.steps[i].args, headers: read("h"), body: read("b"), stderr: read("e")}
+	f := strings.Fields(read("w"))
+	rc, err := strconv.Atoi(strings.TrimSpace(read("rc")))
+	if len(f) != 2 || err != nil {
+		t.Fatalf("curl %q left no result (write-out %q, exit %q, stderr %q)", c.args, read("w"), read("rc"), c.stderr)
 	}
-	c := curlResult{args: o.s.steps[i].args, status: f[0], headers: p[1], body: p[2], stderr: p[3]}
+	c.status, c.exit = f[0], rc
 	c.secs, _ = strconv.ParseFloat(f[1], 64)
-	c.exit, _ = strconv.Atoi(f[2])
 	t.Logf("guest: %v", c)
 	return c
 }
@@ -517,7 +525,15 @@ func (g *gateEnv) noLeaks(t *testing.T) {
 	t.Cleanup(func() {
 		// `moat run` starts a sandbox that is not running, so a daemon the guest crashed
 		// would be replaced silently by the next subtest: the pid tells.
-		if now := g.daemonPID(t); now != pid || syscall.Kill(pid, 0) != nil {
+		alive := func() bool { return syscall.Kill(pid, 0) == nil }
+		if t.Failed() {
+			// A guest session that lost its sandbox may have raced the daemon's exit: give a
+			// panicking daemon the time to die, so the crash is blamed here.
+			for end := time.Now().Add(2 * time.Second); alive() && time.Now().Before(end); {
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if now := g.daemonPID(t); now != pid || !alive() {
 			t.Errorf("CRASH: the sandbox's daemon (pid %d) died during this subtest: the guest took its gate down\n%s", pid, g.crashLog(pid))
 			if now == pid {
 				// Start it again so that the next subtest runs against a live gate and is not

@@ -172,6 +172,11 @@ func newGateEnv(t *testing.T, n *inet.Net, name, toml string) *gateEnv {
 	}
 	g.probe = installProbe(t, g.dir)
 	g.ca = filepath.Join(g.dir, "ca.pem")
+	// The guest's agent user writes curl results here (see script).
+	if err := os.Mkdir(filepath.Join(g.dir, "out"), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(filepath.Join(g.dir, "out"), 0o777)
 	if err := os.WriteFile(g.ca, n.CA().PEM, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -428,7 +433,6 @@ func (g *gateEnv) testAllowedName(t *testing.T) {
 // test), refused at once, and in the ledger as name:port.
 func (g *gateEnv) testDeniedName(t *testing.T) {
 	m := g.mark(t)
-	g.net.ResetQueries()
 	s := g.script()
 	pi := s.probes(
 		pr("dns", "-timeout", probeDefault, gatewayIP+":53", "x.evil.test", "A"),
