@@ -21,6 +21,7 @@ import (
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
 
@@ -384,7 +385,8 @@ func daemonPID(dir string) int {
 	return pid
 }
 
-// sshClient opens an SSH connection to the guest agent through the daemon.
+// sshClient opens an SSH connection to the daemon's session proxy, which
+// carries its sessions to the guest agent.
 func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
 	signer, err := keys.Client(dir)
 	if err != nil {
@@ -398,15 +400,13 @@ func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc, chans, reqs, err := ssh.NewClientConn(conn, "guest", &ssh.ClientConfig{
-		User:            "agent",
-		Auth:            []ssh.AuthMethod{ssh.PublicKeys(signer)},
-		HostKeyCallback: ssh.FixedHostKey(hostKey),
-		Timeout:         10 * time.Second,
-	})
+	// The daemon answers from the host, so 10 s means it is wedged.
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	cc, chans, reqs, err := ssh.NewClientConn(conn, "guest", session.ClientConfig(signer, hostKey))
 	if err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("connecting to the guest agent: %w", err)
+		return nil, fmt.Errorf("connecting to the sandbox through its daemon: %w", err)
 	}
+	conn.SetDeadline(time.Time{})
 	return ssh.NewClient(cc, chans, reqs), nil
 }

@@ -8,8 +8,11 @@
 //	POST /v1/stop        202 {"schema":1}; body StopRequest (optional). The daemon stops
 //	                     the guest and exits; clients wait for the daemon lock to be free.
 //	GET  /v1/ssh         with "Connection: Upgrade", "Upgrade: moat-ssh": 101, after which
-//	                     the connection is a byte stream to the guest agent's SSH port
-//	                     (carried over the daemon's netstack). The client speaks SSH on it.
+//	                     the client speaks SSH on the connection. The server is the daemon's
+//	                     session proxy: it presents the guest agent's host key, accepts only
+//	                     the sandbox's client key, and carries each channel to the agent
+//	                     on the one SSH connection it keeps over its netstack (see
+//	                     session.Proxy).
 //
 // Errors are JSON {"schema":1,"error":"..."} with a 4xx/5xx status.
 package control
@@ -145,7 +148,13 @@ func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
 	return &bufConn{Conn: conn, r: br}, nil
 }
 
-// bufConn keeps bytes the HTTP reader buffered past the response.
+// Hijacked is the connection of a /v1/ssh request after the daemon has
+// answered 101: conn, reading first what the server's reader r buffered
+// past the request.
+func Hijacked(conn net.Conn, r *bufio.Reader) net.Conn { return &bufConn{Conn: conn, r: r} }
+
+// bufConn keeps bytes an HTTP reader buffered past the response (or the
+// request).
 type bufConn struct {
 	net.Conn
 	r *bufio.Reader
