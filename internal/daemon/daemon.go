@@ -32,8 +32,10 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
 
@@ -62,6 +64,7 @@ type daemon struct {
 	log      *slog.Logger
 	stack    *netstack.Stack
 	net      *network
+	proxy    *session.Proxy // every session's way to the guest agent
 	sessions atomic.Int64
 	shimPID  atomic.Int64
 	started  time.Time
@@ -134,6 +137,14 @@ func (d *daemon) run() error {
 		return err
 	}
 	d.stack = st
+	proxy, err := d.newProxy()
+	if err != nil {
+		d.kill()
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	d.proxy = proxy
+	defer proxy.Close()
 
 	ln, srv, err := d.serveControl()
 	if err != nil {
@@ -271,7 +282,8 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 	return fds[0], nil
 }
 
-// waitAgent dials the guest's SSH port until the agent's banner arrives.
+// waitAgent dials the guest's SSH port until the session proxy can
+// authenticate to the agent there.
 func (d *daemon) waitAgent(exited <-chan error) error {
 	deadline := time.Now().Add(bootTimeout)
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
@@ -286,14 +298,10 @@ func (d *daemon) waitAgent(exited <-chan error) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		c, err := d.stack.DialGuest(ctx, 22)
 		cancel()
-		if err == nil {
-			c.SetReadDeadline(time.Now().Add(2 * time.Second))
-			b := make([]byte, 4)
-			_, rerr := io.ReadFull(c, b)
-			c.Close()
-			if rerr == nil && string(b) == "SSH-" {
-				return nil
-			}
+		// The agent is up when the proxy has authenticated to it; that
+		// connection then carries the first session, and every other.
+		if err == nil && d.proxy.Handshake(c) == nil {
+			return nil
 		}
 		time.Sleep(min(time.Duration(attempt+1)*2*time.Millisecond, 50*time.Millisecond))
 	}
@@ -390,55 +398,44 @@ func (d *daemon) handleStop(w http.ResponseWriter, r *http.Request) {
 	d.requestStop(reason)
 }
 
-// handleSSH splices the client's connection to the guest's SSH port.
+// handleSSH hands the client's connection, after the 101, to the session
+// proxy, which speaks SSH with the client and carries its channels to the
+// guest agent.
 func (d *daemon) handleSSH(w http.ResponseWriter, r *http.Request) {
 	if r.Header.Get("Upgrade") != control.UpgradeProto {
 		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "missing Upgrade: " + control.UpgradeProto})
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
-	guest, err := d.stack.DialGuest(ctx, 22)
-	cancel()
-	if err != nil {
-		writeJSON(w, http.StatusBadGateway, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
-		return
-	}
 	hj, ok := w.(http.Hijacker)
 	if !ok {
-		guest.Close()
 		writeJSON(w, http.StatusInternalServerError, control.ErrorBody{Schema: control.Schema, Error: "cannot hijack"})
 		return
 	}
 	conn, brw, err := hj.Hijack()
 	if err != nil {
-		guest.Close()
 		return
 	}
 	d.sessions.Add(1)
 	defer d.sessions.Add(-1)
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + control.UpgradeProto + "\r\n\r\n")
 	brw.Flush()
-	splice(conn, brw.Reader, guest)
+	d.proxy.Serve(control.Hijacked(conn, brw.Reader))
 }
 
-func splice(client net.Conn, clientBuf io.Reader, guest net.Conn) {
-	done := make(chan struct{}, 2)
-	go func() {
-		io.Copy(guest, clientBuf)
-		if cw, ok := guest.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-		done <- struct{}{}
-	}()
-	go func() {
-		io.Copy(client, guest)
-		if cw, ok := client.(interface{ CloseWrite() error }); ok {
-			cw.CloseWrite()
-		}
-		done <- struct{}{}
-	}()
-	<-done
-	<-done
-	client.Close()
-	guest.Close()
+// newProxy makes the session proxy with the sandbox's keys: the client key
+// it authenticates with (and accepts from the CLI), and the agent's host
+// key, which it checks and presents.
+func (d *daemon) newProxy() (*session.Proxy, error) {
+	client, err := keys.Client(d.o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	host, err := keys.Host(filepath.Join(d.o.Dir, keys.HostKey))
+	if err != nil {
+		return nil, err
+	}
+	return session.NewProxy(session.ProxyConfig{
+		Dial:   func(ctx context.Context) (net.Conn, error) { return d.stack.DialGuest(ctx, 22) },
+		Client: client, Host: host, Log: d.log,
+	}), nil
 }
