@@ -53,6 +53,12 @@ type Server struct {
 	// Children is set when the agent runs inside PID 1, which must then
 	// reap orphans without taking the agent's own children; see Children.
 	Children *Children
+
+	// Ready, when set, holds every channel until it is closed: PID 1
+	// serves the agent (and so lets the daemon connect and authenticate)
+	// while it is still writing the user's files, and no session may start
+	// before those exist.
+	Ready <-chan struct{}
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a

@@ -598,3 +598,27 @@ func TestEscapedProcessDoesNotHoldSession(t *testing.T) {
 		t.Errorf("got %+v after %v; want exit 0 about %v after the command", got, d, outputIdle)
 	}
 }
+
+// TestReadyHoldsSessions: until Ready is closed, a session waits (the
+// guest is still being prepared); then it runs.
+func TestReadyHoldsSessions(t *testing.T) {
+	ready := make(chan struct{})
+	ts := startServer(t, func(s *Server) { s.Ready = ready })
+	c := ts.dial(t) // connecting and authenticating do not wait
+	done := make(chan result, 1)
+	go func() { done <- run(t, c, "echo ran", nil, nil) }()
+	select {
+	case r := <-done:
+		t.Fatalf("session ran before Ready: %+v", r)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(ready)
+	select {
+	case r := <-done:
+		if r.stdout != "ran\n" || r.code != 0 {
+			t.Errorf("got %+v, want ran, exit 0", r)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("session did not run after Ready")
+	}
+}

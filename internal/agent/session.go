@@ -49,6 +49,14 @@ type ptyRequest struct {
 
 // serveSession is the channelHandler for "session" channels.
 func (s *Server) serveSession(ctx context.Context, nch ssh.NewChannel) {
+	if s.Ready != nil {
+		select {
+		case <-s.Ready:
+		case <-ctx.Done():
+			nch.Reject(ssh.ConnectionFailed, "the agent is stopping")
+			return
+		}
+	}
 	ch, reqs, err := nch.Accept()
 	if err != nil {
 		s.log().Warn("accepting session channel", "err", err)

@@ -46,29 +46,26 @@ func Init() int {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, unix.SIGCHLD, unix.SIGTERM, unix.SIGINT)
 
-	// The agent's keys load while init writes the user's files; it listens
-	// only once they are written, so no session can start before them.
+	// The agent starts serving while init writes the user's files, so the
+	// daemon's connection and handshake overlap that work; sessions wait
+	// for it (agent.Server.Ready).
 	children := agent.NewChildren()
-	var srv *agent.Server
-	var srvErr error
-	var loading sync.WaitGroup
-	loading.Go(func() {
-		srv, srvErr = newAgent(spec, children, agentLog)
-	})
-	err = prepare(spec)
-	loading.Wait()
+	srv, err := newAgent(spec, children, agentLog)
 	if err != nil {
-		log.Error("preparing guest", "err", err)
+		log.Error("configuring agent", "err", err)
 		return 1
 	}
-	if srvErr != nil {
-		log.Error("configuring agent", "err", srvErr)
-		return 1
-	}
+	ready := make(chan struct{})
+	srv.Ready = ready
 	ctx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
 	var serving sync.WaitGroup
 	serving.Go(func() { serveAgent(ctx, srv, spec.Listen, agentLog) })
+	if err := prepare(spec); err != nil {
+		log.Error("preparing guest", "err", err)
+		return 1
+	}
+	close(ready)
 
 	for sig := range sigs {
 		switch sig {
