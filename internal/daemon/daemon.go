@@ -72,11 +72,12 @@ type daemon struct {
 	stopOnce   sync.Once
 	stopReason string
 	stopCh     chan struct{}
+	booted     chan struct{} // closed once the guest agent answers
 }
 
 // Run is the daemon's main: it returns when the sandbox has stopped.
 func Run(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{})}
 	err := d.run()
 	if err != nil && o.Ready != nil {
 		fmt.Fprintf(o.Ready, "error: %v\n", err)
@@ -164,6 +165,7 @@ func (d *daemon) run() error {
 	}
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
 	d.log.Info("sandbox running", "boot_ms", time.Since(d.started).Milliseconds())
+	close(d.booted)
 	if d.o.Ready != nil {
 		fmt.Fprintln(d.o.Ready, "ok")
 		d.o.Ready.Close()
