@@ -3,7 +3,7 @@
 # medians of N runs and their ratio. Needs root and ./scripts/setup.sh.
 #   cold: `moat run -- true` on a never-started sandbox  vs  bare `runsc run` of the host's rootfs
 #   warm: `moat exec N -- true`                           vs  `runsc exec` into the same sandbox
-#   mem:  PSS of one idle sandbox (daemon + shim + runsc + gofer + sandbox)
+#   mem:  PSS of one idle sandbox (the daemon and every process below it)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10}
@@ -41,18 +41,18 @@ for i in $(seq "$N"); do
 	t=$(date +%s%N); nsenter -t "$shim" -p -m -n "$RUNSC" --root="$sroot" exec moat-benchproj /bin/true; warm_bare+=("$(ms "$t")")
 done
 
-# Memory of the idle sandbox: every process from the daemon down.
+# Memory of the idle sandbox: every process from the daemon down, however
+# deep (runsc's sandbox has children of its own: systrap's stub processes,
+# which hold the guest's address spaces).
 sleep 2
 daemon=$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")
-pids="$daemon $(pgrep -P "$daemon" | tr '\n' ' ')"
-for p in $pids; do pids="$pids $(pgrep -P "$p" | tr '\n' ' ')"; done
-pids=$(for p in $pids; do echo "$p"; done | sort -u)
-for p in $pids; do pids="$pids $(pgrep -P "$p" | tr '\n' ' ')"; done
-pss_kb=$(for p in $(for p in $pids; do echo "$p"; done | sort -u); do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
+tree() { local c; echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
+pids=$(tree "$daemon" | sort -u)
+pss_kb=$(for p in $pids; do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
 
 cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
 wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[@]}" | median)
 printf 'runs: %d each, medians in ms\n' "$N"
 printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
-printf 'idle sandbox PSS: %d MiB over %d processes (target <= 40 MiB)\n' "$((pss_kb / 1024))" "$(for p in $pids; do echo $p; done | sort -u | wc -l)"
+printf 'idle sandbox PSS: %d MiB over %d processes (target <= 40 MiB)\n' "$((pss_kb / 1024))" "$(echo "$pids" | wc -l)"
