@@ -193,7 +193,12 @@ func (st *Stack) echo(g *gate.Gate, pkt *stack.PacketBuffer) {
 	})
 	header.IPv4(ip).SetChecksum(^header.IPv4(ip).CalculateChecksum())
 	copy(ip[header.IPv4MinimumSize:], reply)
-	out := stack.NewPacketBuffer(stack.PacketBufferOptions{Payload: buffer.MakeWithData(ip)})
+	// Room for the link (Ethernet) header: without it the endpoint's
+	// AddHeader panics, and a guest's ping would take the daemon down.
+	out := stack.NewPacketBuffer(stack.PacketBufferOptions{
+		ReserveHeaderBytes: int(r.MaxHeaderLength()),
+		Payload:            buffer.MakeWithData(ip),
+	})
 	defer out.DecRef()
 	r.WriteHeaderIncludedPacket(out)
 }
