@@ -32,10 +32,11 @@ type session struct {
 	ch  ssh.Channel
 	log *slog.Logger
 
-	env  []string // client env requests as NAME=value, in arrival order
-	cwd  string   // from MOAT_CWD; empty means the server default
-	pty  *ptyRequest
-	proc *process
+	env     []string // client env requests as NAME=value, in arrival order
+	cwd     string   // from MOAT_CWD; empty means the server default
+	pty     *ptyRequest
+	command *string // accepted by exec or shell, started once the reply is sent
+	proc    *process
 
 	// setupErr is set when exec or shell was accepted but the command could
 	// not start; it is reported once the request has been answered.
@@ -92,6 +93,14 @@ func (ss *session) serve(ctx context.Context, reqs <-chan *ssh.Request) {
 			if req.WantReply {
 				req.Reply(ok, nil)
 			}
+			// The command starts after the reply, so that the reply's trip
+			// to the client overlaps the start (a fork and exec inside
+			// gVisor: 10-20 ms). A command that cannot start is reported
+			// as before: on stderr, with exit status 1.
+			if ss.command != nil {
+				ss.start(*ss.command)
+				ss.command = nil
+			}
 			if ss.setupErr != nil {
 				ss.fail()
 				ss.drain(reqs)
@@ -124,13 +133,13 @@ func (ss *session) handle(req *ssh.Request) bool {
 		if ss.proc != nil || ssh.Unmarshal(req.Payload, &m) != nil {
 			return false
 		}
-		ss.start(m.Command)
+		ss.command = &m.Command
 		return true
 	case "shell":
 		if ss.proc != nil {
 			return false
 		}
-		ss.start("")
+		ss.command = new(string) // "": a login shell
 		return true
 	case "signal":
 		return ss.handleSignal(req.Payload)
