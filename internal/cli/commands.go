@@ -24,14 +24,16 @@ import (
 
 // attach runs argv (nil: a shell) in the sandbox at dir, starting it first.
 func (e *env) attach(dir string, argv []string, workdir string) error {
-	if err := e.start(dir); err != nil {
+	c, err := e.startSession(dir, true)
+	if err != nil {
 		return withCode(ExitRun, err)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGPIPE)
 	defer cancel()
-	c, err := sshClient(ctx, dir)
-	if err != nil {
-		return withCode(ExitRun, err)
+	if c == nil {
+		if c, err = sshClient(ctx, dir); err != nil {
+			return withCode(ExitRun, err)
+		}
 	}
 	defer c.Close()
 	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))

@@ -262,34 +262,51 @@ func (e *env) forCwd(name string) (string, *state.Record, error) {
 // guest agent answers. A start lock makes concurrent callers wait for one
 // daemon instead of racing to start two.
 func (e *env) start(dir string) error {
+	_, err := e.startSession(dir, false)
+	return err
+}
+
+// startSession is start for a caller about to run a session. When it has to
+// start the daemon, it connects to the daemon's session proxy while the
+// guest boots (the proxy serves clients from the moment the control socket
+// exists), so that the connection and its handshake, about 15 ms of a
+// fresh CLI process, are not added to the boot. It returns that client, or
+// nil when the caller should connect itself.
+func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 	// The warm path: a running sandbox needs no lock and no record write
 	// (the write is an fsync, the most expensive step of a warm exec).
 	if r, err := state.Load(dir); err == nil && r.State == state.StateRunning && r.Desired == "running" && state.DaemonAlive(dir) {
-		return nil
+		return nil, nil
 	}
 	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer unlock()
 	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil }); err != nil {
-		return err
+		return nil, err
 	}
 	if state.DaemonAlive(dir) {
-		return e.waitRunning(dir)
+		return nil, e.waitRunning(dir)
 	}
 	if _, err := os.Stat(e.runsc); err != nil {
-		return codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
+		return nil, codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
 	}
+	return e.spawnDaemon(dir, connect)
+}
+
+// spawnDaemon starts the daemon and waits for its word on the ready pipe;
+// with connect, it connects to the session proxy meanwhile.
+func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	rd, wr, err := os.Pipe()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rd.Close()
 	logf, err := os.OpenFile(filepath.Join(dir, "daemon.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		wr.Close()
-		return fmt.Errorf("opening daemon log: %w", err)
+		return nil, fmt.Errorf("opening daemon log: %w", err)
 	}
 	defer logf.Close()
 	devnull, _ := os.Open(os.DevNull)
@@ -302,20 +319,58 @@ func (e *env) start(dir string) error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()
-		return fmt.Errorf("starting daemon: %w", err)
+		return nil, fmt.Errorf("starting daemon: %w", err)
 	}
 	wr.Close()
 	go cmd.Wait() // reap it if it dies while we wait; it outlives us otherwise
+	var early chan *ssh.Client
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if connect {
+		early = make(chan *ssh.Client, 1)
+		go func() { early <- connectWhileBooting(ctx, dir) }()
+	}
 	line, _ := bufio.NewReader(rd).ReadString('\n')
 	line = strings.TrimSpace(line)
 	if line == "ok" {
-		return nil
+		if early != nil {
+			return <-early, nil
+		}
+		return nil, nil
+	}
+	cancel()
+	if early != nil {
+		if c := <-early; c != nil {
+			c.Close()
+		}
 	}
 	name := filepath.Base(dir)
 	if msg, ok := strings.CutPrefix(line, "error: "); ok {
-		return fmt.Errorf("sandbox %q did not start: %s\nsee the daemon log with: moat logs %s", name, msg, name)
+		return nil, fmt.Errorf("sandbox %q did not start: %s\nsee the daemon log with: moat logs %s", name, msg, name)
 	}
-	return fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
+	return nil, fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
+}
+
+// connectWhileBooting connects to the session proxy of a daemon that is
+// starting, as soon as its control socket exists. It returns nil if that
+// fails or ctx ends first: the caller then connects the usual way, and
+// reports the usual errors.
+func connectWhileBooting(ctx context.Context, dir string) *ssh.Client {
+	sock := filepath.Join(dir, "control.sock")
+	for {
+		if _, err := os.Stat(sock); err == nil {
+			c, err := sshClient(ctx, dir)
+			if err != nil {
+				return nil
+			}
+			return c
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // waitRunning waits for a daemon that is already starting.
