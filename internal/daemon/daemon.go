@@ -158,7 +158,9 @@ func (d *daemon) run() error {
 
 	if err := d.waitAgent(exited); err != nil {
 		d.kill()
-		<-exited
+		if !errors.Is(err, errGuestExited) { // else waitAgent took the exit already
+			<-exited
+		}
 		err = fmt.Errorf("%w (see %s)", err, filepath.Join(d.o.Dir, "daemon.log"))
 		d.setStopped(state.StopError, err)
 		return err
@@ -284,6 +286,10 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 	return fds[0], nil
 }
 
+// errGuestExited is waitAgent's error when the guest exits during boot; it
+// has then received the exit from the shim's channel.
+var errGuestExited = errors.New("guest exited during boot")
+
 // waitAgent dials the guest's SSH port until the session proxy can
 // authenticate to the agent there.
 func (d *daemon) waitAgent(exited <-chan error) error {
@@ -291,7 +297,7 @@ func (d *daemon) waitAgent(exited <-chan error) error {
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
 		select {
 		case err := <-exited:
-			return fmt.Errorf("guest exited during boot: %v", err)
+			return fmt.Errorf("%w: %v", errGuestExited, err)
 		default:
 		}
 		// A short dial timeout: a SYN sent before the guest's stack is up is
