@@ -43,16 +43,24 @@ done
 
 # Memory of the idle sandbox: every process from the daemon down, however
 # deep (runsc's sandbox has children of its own: systrap's stub processes,
-# which hold the guest's address spaces).
+# which hold the guest's address spaces). Several stub processes can share
+# one address space, and each then reports all of its pages: each address
+# space is counted once (kcmp(2) KCMP_VM, syscall 312 on x86-64).
 sleep 2
 daemon=$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")
 tree() { local c; echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
-pids=$(tree "$daemon" | sort -u)
-pss_kb=$(for p in $pids; do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
+same_mm() { perl -e 'exit(syscall(312, $ARGV[0] + 0, $ARGV[1] + 0, 1, 0, 0) == 0 ? 0 : 1)' "$1" "$2"; }
+pids=() spaces=()
+for p in $(tree "$daemon" | sort -u); do
+	pids+=("$p")
+	for q in "${spaces[@]}"; do same_mm "$p" "$q" && continue 2; done
+	spaces+=("$p")
+done
+pss_kb=$(for p in "${spaces[@]}"; do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
 
 cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
 wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[@]}" | median)
 printf 'runs: %d each, medians in ms\n' "$N"
 printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
-printf 'idle sandbox PSS: %d MiB over %d processes (target <= 40 MiB)\n' "$((pss_kb / 1024))" "$(echo "$pids" | wc -l)"
+printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((pss_kb / 1024))" "${#pids[@]}" "${#spaces[@]}"
