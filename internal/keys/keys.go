@@ -5,7 +5,8 @@
 package keys
 
 import (
-	"crypto/ed25519"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/pem"
 	"errors"
@@ -48,7 +49,13 @@ func ensureKey(path string) error {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	// ECDSA P-256 rather than Ed25519: Go computes Ed25519's base-point
+	// tables on a process's first signature and first verification, about
+	// 1.5 ms of every short-lived CLI process (which signs its login and
+	// verifies the host key's signature) and of the agent's first handshake
+	// in a fresh guest; P-256's tables are compiled in. Keys written by
+	// earlier versions, Ed25519, keep working.
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return fmt.Errorf("generating key: %w", err)
 	}
