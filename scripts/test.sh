@@ -8,4 +8,15 @@ export PATH=/usr/local/go/bin:$PATH
 go vet ./...
 # One built binary and one runsc shared by every end-to-end test.
 export MOAT_BIN=$PWD/bin/moat MOAT_RUNSC=$PWD/bin/runsc
-go test -count=1 -timeout 40m ./... 2>&1 | tee /tmp/moat-test.log
+# -v so that every skipped test says why in the log; the full output is in
+# /tmp/moat-test.log, and what is printed here is the skips with their
+# reasons, every failure with its output, and each package's result line.
+log=/tmp/moat-test.log
+rc=0
+go test -count=1 -timeout 40m -v ./... >"$log" 2>&1 || rc=$?
+grep -E -A1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
+if [ "$rc" -ne 0 ]; then
+	grep -E -B1 -A40 '^\s*--- FAIL|^panic:|\[build failed\]' "$log" | head -400 || true
+fi
+grep -E '^(ok|FAIL|\?) ' "$log" || true
+exit "$rc"
