@@ -22,7 +22,8 @@ import (
 	"moat.dev/moat/internal/state"
 )
 
-// attach runs argv (nil: a shell) in the sandbox at dir, starting it first.
+// attach runs argv (nil: a shell) in the sandbox at dir, starting it first,
+// in workdir ("": the workspace).
 func (e *env) attach(dir string, argv []string, workdir string) error {
 	c, err := e.startSession(dir, true)
 	if err != nil {
@@ -51,11 +52,13 @@ func (e *env) attach(dir string, argv []string, workdir string) error {
 }
 
 // sessionDir is where a session started from the host's cwd begins: the
-// same path when it is inside the workspace, else the workspace.
+// same path when it is inside the workspace, else the workspace. The
+// workspace itself is "": the agent starts sessions there by default, and
+// naming it would cost a request and its round trip to the guest.
 func sessionDir(ws string) string {
 	d, err := cwd()
-	if err != nil || (d != ws && !strings.HasPrefix(d, ws+"/")) {
-		return ws
+	if err != nil || d == ws || !strings.HasPrefix(d, ws+"/") {
+		return ""
 	}
 	return d
 }
@@ -125,11 +128,11 @@ func newExecCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			dir, rec, err := e.byName(args[0])
+			dir, _, err := e.byName(args[0])
 			if err != nil {
 				return err
 			}
-			return e.attach(dir, args[1:], rec.Workspace)
+			return e.attach(dir, args[1:], "") // the workspace
 		},
 	}
 }
