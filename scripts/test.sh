@@ -14,7 +14,7 @@ export MOAT_BIN=$PWD/bin/moat MOAT_RUNSC=$PWD/bin/runsc
 log=/tmp/moat-test.log
 rc=0
 go test -count=1 -timeout 40m -v ./... >"$log" 2>&1 || rc=$?
-grep -E -A1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
+grep -E -B1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
 if [ "$rc" -ne 0 ]; then
 	grep -E -B1 -A40 '^\s*--- FAIL|^panic:|\[build failed\]' "$log" | head -400 || true
 fi
