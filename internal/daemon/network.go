@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -231,6 +232,10 @@ func (n *network) discoverHost(ctx context.Context, d *daemon) {
 		var out strings.Builder
 		cmd := exec.CommandContext(cctx, name, args...)
 		cmd.Stdout = &out
+		// A daemon that stops (or is killed) while a tool still runs
+		// takes it along; cancelling cctx alone left it running on its
+		// own when the daemon exited first.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {
 			return "", err
 		}
