@@ -115,6 +115,14 @@ type Record struct {
 	// allow|block`): the highest layer, kept with the sandbox across
 	// restarts and discarded by destroy.
 	Rules *RuntimeRules `json:"runtime_rules,omitempty"`
+	// Presets are the agent presets used in this sandbox (`moat run
+	// claude`), whose hosts and credentials every start adds again.
+	Presets []string `json:"presets,omitempty"`
+	// Placeholders are what the guest sees in place of each secret, by
+	// secret name. They are not secret (the gate swaps them for the real
+	// values on the way out); they stay the same across restarts so a
+	// process in the guest that kept one keeps working.
+	Placeholders map[string]string `json:"placeholders,omitempty"`
 }
 
 // RuntimeRules are the runtime layer of the network policy. Entries are
