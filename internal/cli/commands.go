@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
@@ -25,6 +27,12 @@ import (
 // attach runs argv (nil: a shell) in the sandbox at dir, starting it first,
 // in workdir ("": the workspace).
 func (e *env) attach(dir string, argv []string, workdir string) error {
+	return e.attachEnv(dir, argv, workdir, nil)
+}
+
+// attachEnv is attach with extra session environment (secrets'
+// placeholders, a preset's variables).
+func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[string]string) error {
 	c, err := e.startSession(dir, true)
 	if err != nil {
 		return withCode(ExitRun, err)
@@ -39,7 +47,7 @@ func (e *env) attach(dir string, argv []string, workdir string) error {
 	defer c.Close()
 	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
 	code, err := session.Run(ctx, c, session.Options{
-		Argv: argv, TTY: tty, Dir: workdir,
+		Argv: argv, TTY: tty, Dir: workdir, Env: sessEnv,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
@@ -66,16 +74,28 @@ func sessionDir(ws string) string {
 func newRunCmd() *cobra.Command {
 	var name string
 	c := &cobra.Command{
-		Use:   "run [--name N] [-- command...]",
-		Short: "Run a command in this directory's sandbox, creating and starting it if needed",
+		Use:   "run [--name N] [PRESET] [-- command or arguments...]",
+		Short: "Run a command or a coding agent in this directory's sandbox, creating and starting it if needed",
 		Long: `Run a command in the sandbox of the current directory (the nearest directory
 with a moat.toml, else the current one). The sandbox is created and started if
 needed and keeps running afterwards. With no command: an interactive shell.
-moat exits with the command's exit code.`,
+moat exits with the command's exit code.
+
+A preset runs a coding agent with its permission prompts off (the sandbox is
+the boundary), allows the hosts it needs (shown as the "preset" layer in
+moat network list) and turns the credentials it reads into secrets: the agent
+sees a placeholder, the gate sends the real value to the agent's API only.
+Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ", ") + `.`,
 		Example: `  moat run -- make test
   moat run --name api -- go build ./...
+  moat run claude
+  moat run claude -- --version
   moat run`,
 		RunE: func(c *cobra.Command, args []string) error {
+			p, argv, err := presetArgs(args, c.ArgsLenAtDash())
+			if err != nil {
+				return err
+			}
 			e, err := newEnv()
 			if err != nil {
 				return err
@@ -84,11 +104,84 @@ moat exits with the command's exit code.`,
 			if err != nil {
 				return err
 			}
-			return e.attach(dir, args, sessionDir(rec.Workspace))
+			sessEnv := map[string]string{}
+			for k, v := range rec.Placeholders {
+				sessEnv[k] = v
+			}
+			if p != nil {
+				if err := e.usePreset(dir, p, sessEnv); err != nil {
+					return err
+				}
+			}
+			err = e.attachEnv(dir, argv, sessionDir(rec.Workspace), sessEnv)
+			if p != nil && len(p.Command) > 0 && exitCodeOf(err) == 127 {
+				fmt.Fprint(os.Stderr, "moat: "+p.MissingHint(rec.Name))
+			}
+			return err
 		},
 	}
 	c.Flags().StringVar(&name, "name", "", "sandbox name (default: from moat.toml or the directory)")
 	return c
+}
+
+// presetArgs splits run's arguments: a word before "--" names a preset,
+// whatever follows "--" is the command (or, with a preset, its arguments).
+func presetArgs(args []string, dash int) (*preset.Preset, []string, error) {
+	if dash == 0 || len(args) == 0 {
+		return nil, args, nil
+	}
+	words := args
+	if dash > 0 {
+		words = args[:dash]
+	}
+	if len(words) > 1 {
+		return nil, nil, codef(ExitUsage, "%q: give one preset, then its arguments after --: moat run %s -- %s",
+			strings.Join(words, " "), words[0], strings.Join(words[1:], " "))
+	}
+	p, err := preset.Lookup(words[0])
+	if err != nil {
+		return nil, nil, withCode(ExitUsage, err)
+	}
+	return p, p.Argv(args[len(words):]), nil
+}
+
+// usePreset records the preset with the sandbox, so that every start adds
+// its hosts and credentials, and adds them now to a running sandbox,
+// handing over the values of its credential variables from this
+// environment (a key exported after the sandbox started, or rotated). It
+// fills env with what the session needs: the secrets' placeholders and
+// the preset's variables.
+func (e *env) usePreset(dir string, p *preset.Preset, env map[string]string) error {
+	if err := state.Update(dir, func(r *state.Record) error {
+		if !slices.Contains(r.Presets, p.Name) {
+			r.Presets = append(r.Presets, p.Name)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for k, v := range p.Env {
+		env[k] = v
+	}
+	if !state.DaemonAlive(dir) {
+		return nil // the start reads the record and the environment
+	}
+	vals := map[string]string{}
+	for _, s := range p.Secrets {
+		if v, ok := os.LookupEnv(s.Env); ok && v != "" {
+			vals[s.Env] = v
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	a, err := control.New(filepath.Join(dir, "control.sock")).Preset(ctx, control.PresetRequest{Name: p.Name, Env: vals})
+	if err != nil {
+		return withCode(ExitRun, fmt.Errorf("adding preset %s to the running sandbox: %w", p.Name, err))
+	}
+	for k, v := range a.Placeholders {
+		env[k] = v
+	}
+	return nil
 }
 
 func newShellCmd() *cobra.Command {

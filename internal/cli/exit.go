@@ -54,3 +54,13 @@ func codef(code int, format string, a ...any) error {
 type commandExit int
 
 func (c commandExit) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
+
+// exitCodeOf is the guest command's own exit status in err, or -1 when
+// err is not one.
+func exitCodeOf(err error) int {
+	var c commandExit
+	if errors.As(err, &c) {
+		return int(c)
+	}
+	return -1
+}
