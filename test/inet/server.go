@@ -2,6 +2,7 @@ package inet
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log"
@@ -37,8 +38,12 @@ type Req struct {
 // concurrent use, also while the server is serving.
 type Server struct {
 	Addr netip.AddrPort // where it listens; the real port when 0 was asked for
-	kind string         // http, https, tcp or udp
-	t    testing.TB     // for the server's error log, until Close
+	// Cert is the certificate an HTTPS server presents (nil for other kinds): a test compares
+	// it with what a client saw to tell a spliced connection (this certificate, untouched)
+	// from an intercepted one.
+	Cert *x509.Certificate
+	kind string     // http, https, tcp or udp
+	t    testing.TB // for the server's error log, until Close
 
 	mu       sync.Mutex // guards the records and closed
 	conns    int
@@ -164,6 +169,11 @@ func (n *Net) HTTPS(t testing.TB, ip string, port int, names []string, h http.Ha
 		t.Fatalf("inet: %v", err)
 	}
 	s, l := n.listen(t, "https", ip, port)
+	if s.Cert, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		t.Fatalf("inet: parsing the server certificate: %v", err)
+	}
+	// http.Server offers h2 and http/1.1 over ALPN on its own (ServeTLS adds them to
+	// NextProtos), so every HTTPS server of a Net speaks HTTP/2 to clients that ask.
 	s.serveHTTP(l, h, &tls.Config{
 		Certificates: []tls.Certificate{cert},
 		MinVersion:   tls.VersionTLS12,
