@@ -1,7 +1,11 @@
 package config
 
 import (
+	"crypto/x509"
+	"encoding/pem"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -71,6 +75,9 @@ func (c *checker) file(raw *rawFile) *File {
 		Use:    c.list("network.use", raw.Network.Use),
 		Allow:  c.rules("network.allow", raw.Network.Allow),
 		Block:  c.rules("network.block", raw.Network.Block),
+
+		Inspect: raw.Network.Inspect,
+		Trust:   c.trust("network.trust", raw.Network.Trust),
 	}
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)
@@ -320,9 +327,91 @@ func (c *checker) secrets(raw map[string]rawSecret) map[string]Secret {
 			}
 			s.Header = *r.Header
 		}
+		if r.Query != nil {
+			if !isQueryName(*r.Query) {
+				c.fail(key+".query", "%q is not a URL query parameter name; write the bare name, e.g. \"key\" for ?key=...", *r.Query)
+			}
+			s.Query = *r.Query
+		}
 		out[name] = s
 	}
 	return out
+}
+
+// isQueryName reports whether s can be matched against a decoded query
+// parameter name as written: not empty, and free of the characters that
+// separate or encode parameters (a user who writes "key=" or "?key"
+// would otherwise get a binding that never matches).
+func isQueryName(s string) bool {
+	for _, c := range []byte(s) {
+		if c <= ' ' || c == 0x7f || strings.IndexByte("&=?#%+;", c) >= 0 {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// trust makes each path absolute and checks now that it holds PEM
+// certificates. The gate reads the files again when it starts; checking
+// here is what lets a typo be an error naming this line instead of an
+// upstream that fails to verify much later, far from its cause.
+func (c *checker) trust(key string, v []string) []string {
+	var out []string
+	for i, s := range v {
+		k := fmt.Sprintf("%s[%d]", key, i)
+		if strings.TrimSpace(s) == "" {
+			c.fail(k, "empty entry; remove it")
+			continue
+		}
+		p, ok := c.hostPath(k, s)
+		if !ok {
+			continue
+		}
+		if err := checkPEMCerts(p); err != nil {
+			c.fail(k, "%s", err)
+			continue
+		}
+		out = appendNew(out, p)
+	}
+	return out
+}
+
+// checkPEMCerts reads the PEM file at p and parses every certificate in
+// it. A file with a broken certificate is refused whole rather than
+// trusting the rest: the user meant that one too.
+func checkPEMCerts(p string) error {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return fmt.Errorf("reading %s: %v; write the path of a PEM file of CA certificates", p, unwrapPath(err))
+	}
+	n := 0
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		if b.Type != "CERTIFICATE" {
+			continue // a bundle may carry comments or keys; only certificates count
+		}
+		if _, err := x509.ParseCertificate(b.Bytes); err != nil {
+			return fmt.Errorf("certificate %d in %s does not parse (%v); replace the file with the CA's PEM certificate", n+1, p, err)
+		}
+		n++
+	}
+	if n == 0 {
+		return fmt.Errorf("%s holds no PEM certificate (-----BEGIN CERTIFICATE-----); write the path of a PEM file of CA certificates", p)
+	}
+	return nil
+}
+
+// unwrapPath drops the *fs.PathError wrapper, whose text repeats the path.
+func unwrapPath(err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	return err
 }
 
 // secretFrom checks the source prefix; file: paths are made absolute like

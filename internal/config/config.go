@@ -124,6 +124,11 @@ type NetworkLayer struct {
 	Use    []string `json:"use,omitempty"`
 	Allow  []string `json:"allow,omitempty"`
 	Block  []string `json:"block,omitempty"`
+	// Inspect is nil when the file does not set it, so that a narrower
+	// file's silence lets a wider file's choice through.
+	Inspect *bool `json:"inspect,omitempty"`
+	// Trust is absolute paths of PEM files with extra root certificates.
+	Trust []string `json:"trust,omitempty"`
 }
 
 // Network is the merged network rules. Use, Allow and Block are the union
@@ -131,10 +136,21 @@ type NetworkLayer struct {
 // because the gate decides by layer (the highest layer with an opinion
 // wins): a project's allow must beat a user's block of the same name,
 // which a flat union, where deny wins a tie, cannot express.
+//
+// Inspect and Trust are about TLS, not about which destinations are
+// allowed, so they are merged like any other scalar and list: Inspect
+// from the narrowest file that sets it, Trust the union.
 type Network struct {
-	Use    []string       `json:"use,omitempty"`
-	Allow  []string       `json:"allow,omitempty"`
-	Block  []string       `json:"block,omitempty"`
+	Use   []string `json:"use,omitempty"`
+	Allow []string `json:"allow,omitempty"`
+	Block []string `json:"block,omitempty"`
+	// Inspect makes the gate terminate TLS for every allowed HTTPS host,
+	// not only for hosts with a bound secret or method/path rules.
+	Inspect bool `json:"inspect,omitempty"`
+	// Trust is PEM files of root certificates the gate accepts from
+	// upstreams besides the host's own roots: a corporate TLS proxy, or
+	// a test's own CA. Parse has checked that each holds certificates.
+	Trust  []string       `json:"trust,omitempty"`
 	Layers []NetworkLayer `json:"layers,omitempty"`
 }
 
@@ -146,6 +162,7 @@ type Secret struct {
 	From    string   `json:"from"` // "env:VAR", "file:/abs/path" or "command:..."
 	Hosts   []string `json:"hosts"`
 	Header  string   `json:"header,omitempty"`
+	Query   string   `json:"query,omitempty"` // URL query parameter that may carry the placeholder
 	Require bool     `json:"require,omitempty"`
 	Source  string   `json:"source,omitempty"` // file that defined it
 }

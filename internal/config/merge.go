@@ -34,6 +34,9 @@ func Load(userPath, projectPath string) (Config, error) {
 // hosts, and mixing one file's source with another's hosts would send a
 // credential somewhere neither file said.
 //
+// [network] inspect is a scalar like the [sandbox] ones, so a project
+// can turn off the inspection a user's file turned on; trust is a list.
+//
 // memory without memory_max in the same or a narrower file means a fixed
 // size: the ceiling becomes the baseline. Otherwise "memory = 512MiB"
 // would keep the default 4GiB ceiling, and the user who asked for a small
@@ -112,7 +115,9 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 	c.Network.Use = union(c.Network.Use, n.Use)
 	c.Network.Allow = union(c.Network.Allow, n.Allow)
 	c.Network.Block = union(c.Network.Block, n.Block)
-	if len(n.Use)+len(n.Allow)+len(n.Block) > 0 {
+	setVal(&c.Network.Inspect, n.Inspect)
+	c.Network.Trust = union(c.Network.Trust, n.Trust)
+	if len(n.Use)+len(n.Allow)+len(n.Block)+len(n.Trust) > 0 || n.Inspect != nil {
 		c.Network.Layers = append(c.Network.Layers, n)
 	}
 }

@@ -244,6 +244,66 @@ on_up = ["./start.sh"]
 	}
 }
 
+// TestMergeNetworkTLS checks [network] inspect and trust: inspect is a
+// scalar (the narrowest file that sets it wins, so a project can turn
+// off what the user turned on), trust a union; each file's layer keeps
+// its own values.
+func TestMergeNetworkTLS(t *testing.T) {
+	dir := t.TempDir()
+	cert := testCertPEM(t)
+	for _, n := range []string{"user.pem", "proj.pem"} {
+		if err := os.WriteFile(filepath.Join(dir, n), cert, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	userPEM, projPEM := filepath.Join(dir, "user.pem"), filepath.Join(dir, "proj.pem")
+	tests := []struct {
+		name          string
+		user, project string
+		flags         *File
+		wantInspect   bool
+		wantTrust     []string
+		wantLayers    []NetworkLayer
+	}{
+		{"default off", "", "", nil, false, nil, nil},
+		{"user on", "network.inspect = true", "", nil, true, nil,
+			[]NetworkLayer{{Source: userPath, Inspect: ptr(true)}}},
+		{"project silent keeps user's", "network.inspect = true", `network.allow = ["a.example"]`, nil, true, nil,
+			[]NetworkLayer{{Source: userPath, Inspect: ptr(true)}, {Source: projectPath, Allow: []string{"a.example"}}}},
+		{"project off beats user on", "network.inspect = true", "network.inspect = false", nil, false, nil,
+			[]NetworkLayer{{Source: userPath, Inspect: ptr(true)}, {Source: projectPath, Inspect: ptr(false)}}},
+		{"flag beats project", "", "network.inspect = false", &File{Path: "command line", Network: NetworkLayer{Source: "command line", Inspect: ptr(true)}}, true, nil,
+			[]NetworkLayer{{Source: projectPath, Inspect: ptr(false)}, {Source: "command line", Inspect: ptr(true)}}},
+		{"trust unions", `network.trust = ["` + userPEM + `"]`, `network.trust = ["` + projPEM + `", "` + userPEM + `"]`, nil, false,
+			[]string{userPEM, projPEM},
+			[]NetworkLayer{{Source: userPath, Trust: []string{userPEM}}, {Source: projectPath, Trust: []string{projPEM, userPEM}}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var layers []*File
+			if tt.user != "" {
+				layers = append(layers, mustParse(t, userPath, tt.user))
+			}
+			if tt.project != "" {
+				layers = append(layers, mustParse(t, projectPath, tt.project))
+			}
+			layers = append(layers, tt.flags)
+			got := Merge(layers...).Network
+			if got.Inspect != tt.wantInspect {
+				t.Errorf("Inspect = %v, want %v", got.Inspect, tt.wantInspect)
+			}
+			if !reflect.DeepEqual(got.Trust, tt.wantTrust) {
+				t.Errorf("Trust = %q, want %q", got.Trust, tt.wantTrust)
+			}
+			if !reflect.DeepEqual(got.Layers, tt.wantLayers) {
+				gj, _ := json.Marshal(got.Layers)
+				wj, _ := json.Marshal(tt.wantLayers)
+				t.Errorf("Layers = %s\nwant     %s", gj, wj)
+			}
+		})
+	}
+}
+
 // TestMergeDoesNotAlias checks that merging leaves the files alone, so a
 // File can be merged into several configs.
 func TestMergeDoesNotAlias(t *testing.T) {
@@ -309,18 +369,27 @@ func TestConfigJSON(t *testing.T) {
 [sandbox]
 name = "api"
 idle_timeout = "off"
+[network]
+inspect = true
+[secrets.K]
+from = "env:K"
+hosts = ["k.example"]
+query = "key"
 [forwards]
 ports = ["8080:80"]
 [env]
 A = "1"
 `)
 	c := Merge(f)
+	c.Network.Trust = []string{"/etc/moat/corp.pem"} // a real file is TestTrust's business
 	b, err := json.Marshal(c)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{`"sandbox":{"name":"api","image":"host","runtime":"gvisor","cpus":4,"memory_bytes":1073741824,"memory_max_bytes":4294967296,"pids_max":4096,"idle_timeout":0,"idle_off":true}`,
-		`"forwards":{"ports":[{"host":8080,"guest":80}]}`, `"env_vars":[{"name":"A","value":"1"}]`, `"sources":["/work/proj/moat.toml"]`} {
+		`"forwards":{"ports":[{"host":8080,"guest":80}]}`, `"env_vars":[{"name":"A","value":"1"}]`, `"sources":["/work/proj/moat.toml"]`,
+		`"inspect":true,"trust":["/etc/moat/corp.pem"],"layers":[{"source":"/work/proj/moat.toml","inspect":true}]`,
+		`"secrets":{"K":{"name":"K","from":"env:K","hosts":["k.example"],"query":"key","source":"/work/proj/moat.toml"}}`} {
 		if !strings.Contains(string(b), k) {
 			t.Errorf("JSON %s\nlacks %s", b, k)
 		}

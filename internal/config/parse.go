@@ -122,15 +122,18 @@ type rawShare struct {
 }
 
 type rawNetwork struct {
-	Use   []string `toml:"use"`
-	Allow []string `toml:"allow"`
-	Block []string `toml:"block"`
+	Use     []string `toml:"use"`
+	Allow   []string `toml:"allow"`
+	Block   []string `toml:"block"`
+	Inspect *bool    `toml:"inspect"`
+	Trust   []string `toml:"trust"`
 }
 
 type rawSecret struct {
 	From    *string  `toml:"from"`
 	Hosts   []string `toml:"hosts"`
 	Header  *string  `toml:"header"`
+	Query   *string  `toml:"query"`
 	Require bool     `toml:"require"`
 }
 
@@ -150,8 +153,8 @@ var knownKeys = map[string][]string{
 	"":          {"sandbox", "shares", "network", "secrets", "env", "forwards", "hooks"},
 	"sandbox":   {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
 	"shares[]":  {"path", "target", "rw"},
-	"network":   {"use", "allow", "block"},
-	"secrets.*": {"from", "hosts", "header", "require"},
+	"network":   {"use", "allow", "block", "inspect", "trust"},
+	"secrets.*": {"from", "hosts", "header", "query", "require"},
 	"forwards":  {"ports", "reverse"},
 	"hooks":     {"on_create", "on_up"},
 }
@@ -197,6 +200,9 @@ var wants = map[string]want{
 	"network.use":          wantList,
 	"network.allow":        wantList,
 	"network.block":        wantList,
+	"network.inspect":      wantBool,
+	"network.trust":        wantList,
+	"network.trust[]":      wantString,
 	"network.use[]":        wantString,
 	"network.allow[]":      wantString,
 	"network.block[]":      wantString,
@@ -206,6 +212,7 @@ var wants = map[string]want{
 	"secrets.*.hosts":      wantList,
 	"secrets.*.hosts[]":    wantString,
 	"secrets.*.header":     wantString,
+	"secrets.*.query":      wantString,
 	"secrets.*.require":    wantBool,
 	"env":                  wantTable,
 	"env.*":                wantString,

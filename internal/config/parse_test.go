@@ -50,11 +50,13 @@ path = "assets"
 use = ["default", "go"]
 allow = ["api.example.com", "*.example.org", "registry.example.net:443", "10.20.0.0/16", "api.example.com"]
 block = ["telemetry.example.com"]
+inspect = true
 
 [secrets.GH_TOKEN]
 from = "env:GH_TOKEN"
 hosts = ["api.github.com"]
 header = "authorization"
+query = "access_token"
 require = true
 
 [secrets.KEY]
@@ -93,11 +95,12 @@ on_up = ["./scripts/start-db.sh"]
 			Source: "/work/proj/moat.toml",
 			Use:    []string{"default", "go"},
 			Allow:  []string{"api.example.com", "*.example.org", "registry.example.net:443", "10.20.0.0/16"},
-			Block:  []string{"telemetry.example.com"},
+			Block:   []string{"telemetry.example.com"},
+			Inspect: ptr(true),
 		},
 		Secrets: map[string]Secret{
 			"GH_TOKEN": {Name: "GH_TOKEN", From: "env:GH_TOKEN", Hosts: []string{"api.github.com"},
-				Header: "authorization", Require: true, Source: "/work/proj/moat.toml"},
+				Header: "authorization", Query: "access_token", Require: true, Source: "/work/proj/moat.toml"},
 			"KEY": {Name: "KEY", From: "file:/work/proj/keys/api.key", Hosts: []string{"api.example.com"},
 				Source: "/work/proj/moat.toml"},
 		},
@@ -176,7 +179,7 @@ func TestParseErrors(t *testing.T) {
 			[]string{`moat.toml:1:2: unknown key "netwrok"`, `did you mean "network"?`}},
 		{"unknown dotted", `sandbox.memory.max = "1GiB"`,
 			[]string{`moat.toml:1:1: sandbox.memory: expected a size string such as "1GiB" (with quotes), got a table`}},
-		{"unknown in network", "[network]\nallows = []", []string{`2:1: unknown key "network.allows"; known keys in [network]: use, allow, block`}},
+		{"unknown in network", "[network]\nallows = []", []string{`2:1: unknown key "network.allows"; known keys in [network]: use, allow, block, inspect, trust`}},
 		{"unknown in forwards", "[forwards]\nport = 1", []string{`2:1: unknown key "forwards.port"; known keys in [forwards]: ports, reverse`}},
 		{"unknown in hooks", "[hooks]\non_start = []", []string{`2:1: unknown key "hooks.on_start"; known keys in [hooks]: on_create, on_up`}},
 		{"unknown in shares", "[[shares]]\npath = \"a\"\n[[shares]]\npath = \"b\"\nreadonly = true",
@@ -184,7 +187,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown in inline share", `shares = [{ path = "a", mode = "ro" }]`,
 			[]string{`1:25: unknown key "shares[0].mode"`}},
 		{"unknown in secret", "[secrets.GH]\nfrom = \"env:GH\"\nhost = [\"x\"]",
-			[]string{`3:1: unknown key "secrets.GH.host"; known keys in [secrets.GH]: from, hosts, header, require`, `did you mean "hosts"?`}},
+			[]string{`3:1: unknown key "secrets.GH.host"; known keys in [secrets.GH]: from, hosts, header, query, require`, `did you mean "hosts"?`}},
 		{"all unknown keys reported", "a = 1\nb = 2", []string{`1:1: unknown key "a"`, `2:1: unknown key "b"`}},
 
 		// Syntax.
@@ -220,6 +223,10 @@ func TestParseErrors(t *testing.T) {
 		{"secret hosts type", "[secrets.GH]\nhosts = \"x\"", []string{"secrets.GH.hosts: expected a list of strings"}},
 		{"secret header type", "[secrets.GH]\nheader = 1", []string{"secrets.GH.header: expected a string"}},
 		{"secret require type", "[secrets.GH]\nrequire = \"yes\"", []string{"secrets.GH.require: expected true or false, got a string"}},
+		{"secret query type", "[secrets.GH]\nquery = [\"key\"]", []string{"secrets.GH.query: expected a string, got a list"}},
+		{"inspect type", "[network]\ninspect = \"yes\"", []string{"2:11: network.inspect: expected true or false, got a string"}},
+		{"trust type", `network.trust = "/etc/ca.pem"`, []string{`network.trust: expected a list of strings, e.g. ["a", "b"], got a string`}},
+		{"trust element", "[network]\ntrust = [1]", []string{"2:10: network.trust[0]: expected a string, got an integer"}},
 		{"env type", `env = "A=1"`, []string{"env: expected a table, got a string"}},
 		{"env value type", "[env]\nPORT = 8080", []string{"2:8: env.PORT: expected a string, got an integer"}},
 		{"env value date", "[env]\nDAY = 2024-01-01", []string{"env.DAY: expected a string, got a date or time"}},
@@ -269,6 +276,15 @@ func TestParseErrors(t *testing.T) {
 		{"secret bad env", "[secrets.GH]\nfrom = \"env:1X\"\nhosts = [\"x\"]", []string{`"1X" is not an environment variable name`}},
 		{"secret bad name", "[secrets.\"my-key\"]\nfrom = \"env:A\"\nhosts = [\"x\"]", []string{`secrets.my-key: secret name "my-key" is not a valid environment variable name`}},
 		{"secret bad header", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nheader = \"x api key\"", []string{`4:10: secrets.GH.header: "x api key" is not an HTTP header name`}},
+		{"secret header colon", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nheader = \"authorization:\"", []string{`4:10: secrets.GH.header: "authorization:" is not an HTTP header name`}},
+		{"secret header empty", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nheader = \"\"", []string{`secrets.GH.header: "" is not an HTTP header name`}},
+		{"secret header non-ASCII", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nheader = \"x-schlüssel\"", []string{`secrets.GH.header: "x-schlüssel" is not an HTTP header name`}},
+		{"secret query empty", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nquery = \"\"", []string{`4:9: secrets.GH.query: "" is not a URL query parameter name`}},
+		{"secret query with =", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nquery = \"key=\"", []string{`secrets.GH.query: "key=" is not a URL query parameter name; write the bare name`}},
+		{"secret query with ?", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nquery = \"?key\"", []string{`"?key" is not a URL query parameter name`}},
+		{"secret query with space", "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]\nquery = \"api key\"", []string{`"api key" is not a URL query parameter name`}},
+		{"trust missing", "[network]\ntrust = [\"certs/ca.pem\"]", []string{"2:10: network.trust[0]: reading /work/proj/certs/ca.pem: no such file or directory; write the path of a PEM file of CA certificates"}},
+		{"trust empty entry", "[network]\ntrust = [\"\"]", []string{"2:10: network.trust[0]: empty entry; remove it"}},
 		{"env bad name", "[env]\n\"MY-VAR\" = \"x\"", []string{`2:12: env.MY-VAR: "MY-VAR" is not a valid environment variable name`}},
 		{"env unclosed", "[env]\nA = \"${HOME\"", []string{`2:5: env.A: "${HOME" has an unclosed ${`}},
 		{"env bad var", "[env]\nA = \"${1X}\"", []string{`env.A: ${1X}: "1X" is not a variable name`}},
