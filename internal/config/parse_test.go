@@ -92,9 +92,9 @@ on_up = ["./scripts/start-db.sh"]
 			{Path: "/work/proj/assets", Target: "/work/proj/assets", Source: "/work/proj/moat.toml"},
 		},
 		Network: NetworkLayer{
-			Source: "/work/proj/moat.toml",
-			Use:    []string{"default", "go"},
-			Allow:  []string{"api.example.com", "*.example.org", "registry.example.net:443", "10.20.0.0/16"},
+			Source:  "/work/proj/moat.toml",
+			Use:     []string{"default", "go"},
+			Allow:   []string{"api.example.com", "*.example.org", "registry.example.net:443", "10.20.0.0/16"},
 			Block:   []string{"telemetry.example.com"},
 			Inspect: ptr(true),
 		},
