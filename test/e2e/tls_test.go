@@ -185,7 +185,9 @@ else
   echo "REQUESTS=not importable"
 fi
 echo "ISSUER=$(openssl s_client -connect up.test:443 -servername up.test </dev/null 2>/dev/null | openssl x509 -noout -issuer 2>&1)"
-echo "ENV_NODE=${NODE_EXTRA_CA_CERTS:-unset} ENV_REQUESTS=${REQUESTS_CA_BUNDLE:-unset} SSL_CERT_FILE=${SSL_CERT_FILE:-unset}"
+echo "NODE_CA=${NODE_EXTRA_CA_CERTS:-unset}"
+echo "TRUST_ENV=REQUESTS_CA_BUNDLE=${REQUESTS_CA_BUNDLE:-unset} PIP_CERT=${PIP_CERT:-unset} SSL_CERT_FILE=${SSL_CERT_FILE:-unset}"
+echo "SSL_CERT_FILE_CERTS=$(if [ -n "$SSL_CERT_FILE" ]; then grep -c 'BEGIN CERTIFICATE' "$SSL_CERT_FILE"; else echo unset; fi)"
 `)
 	f := fields(out)
 	t.Logf("guest:\n%s", out)
@@ -208,9 +210,17 @@ echo "ENV_NODE=${NODE_EXTRA_CA_CERTS:-unset} ENV_REQUESTS=${REQUESTS_CA_BUNDLE:-
 	if is := f["ISSUER"]; is == "" || strings.Contains(is, "moat test internet CA") {
 		t.Errorf("up.test's issuer as the guest sees it: %q; want the sandbox's CA (up.test must be intercepted)", is)
 	}
-	if strings.Contains(f["ENV_NODE"], "SSL_CERT_FILE=/") {
-		t.Errorf("the guest has a global SSL_CERT_FILE: %s", f["ENV_NODE"])
+	if f["NODE_CA"] == "unset" {
+		t.Errorf("the guest's sessions have no NODE_EXTRA_CA_CERTS")
 	}
+	// DESIGN §5: never a global SSL_CERT_FILE that holds only the sandbox's CA (it would make
+	// every other upstream untrusted to clients that read it).
+	if k := f["SSL_CERT_FILE_CERTS"]; k != "unset" && k != "" {
+		if c, _ := strconv.Atoi(k); c < 2 {
+			t.Errorf("the guest's SSL_CERT_FILE holds %s certificates: only the sandbox's CA", k)
+		}
+	}
+	t.Logf("trust in the guest's environment: NODE_EXTRA_CA_CERTS=%s %s", f["NODE_CA"], f["TRUST_ENV"])
 	var smart bool
 	for _, r := range e.srv["up:443"].Requests() {
 		smart = smart || r.Path == "/git/repo.git/git-upload-pack"
