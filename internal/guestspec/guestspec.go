@@ -16,6 +16,11 @@
 //	host_key       string  path inside the guest of the agent's private host key
 //	nameserver     string  the resolver the guest uses (the gateway)
 //	env            []string base environment of every session ("K=V")
+//	ca_file        string  path inside the guest of the sandbox CA's PEM
+//	                       certificate (CAFile), which init adds to the
+//	                       guest's trust stores; empty (records written
+//	                       before TLS inspection): no CA, init leaves the
+//	                       trust stores alone
 //
 // The guest runs the very same moat binary as the host, so reader and
 // writer never disagree on this format; the schema number is for records
@@ -36,6 +41,9 @@ const (
 	Dir    = "/.moat"
 	Binary = "/.moat/moat"
 	File   = "/.moat/guest.json"
+	// CAFile is where the daemon puts the sandbox CA's certificate (never
+	// its key): ca.pem in the guest dir, which is mounted at Dir.
+	CAFile = "/.moat/ca.pem"
 )
 
 // Spec is guest.json.
@@ -52,6 +60,7 @@ type Spec struct {
 	HostKey       string   `json:"host_key"`
 	Nameserver    string   `json:"nameserver"`
 	Env           []string `json:"env"`
+	CAFile        string   `json:"ca_file,omitempty"`
 }
 
 // Read loads a spec.
