@@ -45,9 +45,9 @@ type Server struct {
 	Groups   []uint32
 
 	Home  string
-	Shell string // "/bin/sh" when empty or missing on disk
-	Dir   string // default working directory (the workspace); Home when empty
-	Env   []string
+	Shell string   // "/bin/sh" when empty or missing on disk
+	Dir   string   // default working directory (the workspace); Home when empty
+	Env   []string // sessions' base environment: read only once Ready is closed, so PID 1 may complete it until then
 	Log   *slog.Logger
 
 	// Children is set when the agent runs inside PID 1, which must then

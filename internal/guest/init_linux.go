@@ -65,6 +65,8 @@ func Init() int {
 		log.Error("preparing guest", "err", err)
 		return 1
 	}
+	caFile, trust := trustCA(spec, log)
+	srv.Env = sessionEnv(spec.Env, caFile, trust) // read by sessions only, after ready
 	close(ready)
 
 	for sig := range sigs {
@@ -136,6 +138,29 @@ func prepare(s *guestspec.Spec) error {
 	}
 	os.WriteFile("/etc/hostname", []byte(s.Hostname+"\n"), 0o644)
 	return nil
+}
+
+// trustCA adds the sandbox CA to the guest's trust stores and returns its
+// path ("" when there is none to trust). A failure is logged, not fatal:
+// without the CA only the connections the gate inspects fail, and they
+// fail closed, at the client's certificate check.
+func trustCA(s *guestspec.Spec, log *slog.Logger) (string, trust) {
+	if s.CAFile == "" {
+		return "", trust{} // a record from before TLS inspection
+	}
+	ca, err := os.ReadFile(s.CAFile)
+	if err != nil {
+		log.Warn("reading the sandbox CA; inspected TLS connections will not verify", "err", err)
+		return "", trust{}
+	}
+	t, err := installCA("/", ca)
+	if err != nil {
+		log.Warn("adding the sandbox CA to the trust stores; programs using the failed ones will not verify inspected TLS connections", "err", err)
+	}
+	if len(t.changed) > 0 {
+		log.Info("trusting the sandbox CA", "wrote", t.changed)
+	}
+	return s.CAFile, t
 }
 
 func sudoPresent() bool {
