@@ -23,7 +23,10 @@
 //	time         string  RFC 3339 in UTC with sub-second digits: when the
 //	                     decision was made (for connections, when they began)
 //	sandbox      string  the sandbox's name
-//	proto        string  "tcp", "udp", "dns" or "icmp"; "" only in a dropped record
+//	proto        string  "tcp", "udp", "dns" or "icmp"; "http" for one request
+//	                     inside a TLS connection the gate terminated (the
+//	                     connection itself has its own "tcp" record); "" only
+//	                     in a dropped record
 //	dst          string  the address the guest addressed, ip:port ("gateway:53" for
 //	                     DNS queries, a bare ip for ICMP)
 //	name         string  the destination's name, when the gate knows one (omitted if not)
@@ -47,6 +50,13 @@
 //	transforms   [string] what the gate changed in the traffic, by name: the names of
 //	                     the secrets it swapped in, never their values (omitted if none)
 //	dropped      int     in a dropped record only: how many records were lost
+//	method       string  the HTTP request's method, when the gate read the request
+//	                     (plain HTTP, or a request inside a terminated TLS
+//	                     connection); omitted otherwise
+//	path         string  that request's path, without its query string (queries
+//	                     carry tokens), at most 512 bytes; omitted with method
+//	status       int     the HTTP status the guest was answered with, in "http"
+//	                     records (omitted when no answer was sent)
 //
 // A dropped record says that the gate made decisions faster than the log
 // could be written and that some records were lost: verdict "dropped",
@@ -86,4 +96,7 @@ type Record struct {
 	DurationMS int64     `json:"duration_ms"`
 	Transforms []string  `json:"transforms,omitempty"`
 	Dropped    int64     `json:"dropped,omitempty"`
+	Method     string    `json:"method,omitempty"`
+	Path       string    `json:"path,omitempty"`
+	Status     int       `json:"status,omitempty"`
 }

@@ -30,6 +30,9 @@ func TestRecordJSONFrozen(t *testing.T) {
 		DurationMS: 12,
 		Transforms: []string{"ANTHROPIC_API_KEY"},
 		Dropped:    3,
+		Method:     "POST",
+		Path:       "/v1/messages",
+		Status:     201,
 	}
 	got, err := json.Marshal(r)
 	if err != nil {
@@ -38,7 +41,8 @@ func TestRecordJSONFrozen(t *testing.T) {
 	want := `{"schema":1,"time":"2026-03-01T12:30:45.123456789Z","sandbox":"api","proto":"tcp",` +
 		`"dst":"198.18.0.7:443","name":"evil.example","name_from":"pool","verdict":"deny",` +
 		`"rule":"*.example","layer":"project","reason":"blocked","upstream":"203.0.113.9:443",` +
-		`"bytes_up":517,"bytes_down":4096,"duration_ms":12,"transforms":["ANTHROPIC_API_KEY"],"dropped":3}`
+		`"bytes_up":517,"bytes_down":4096,"duration_ms":12,"transforms":["ANTHROPIC_API_KEY"],"dropped":3,` +
+		`"method":"POST","path":"/v1/messages","status":201}`
 	if string(got) != want {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
