@@ -30,7 +30,7 @@ func entryErr(entry, format string, args ...any) error {
 	return &EntryError{Entry: entry, Msg: fmt.Sprintf(format, args...)}
 }
 
-const entryHint = `write a name ("example.com"), a wildcard ("*.example.com"), either with a port ("example.com:443"), an IP address or a CIDR ("10.20.0.0/16")`
+const entryHint = `write a name ("example.com"), a wildcard ("*.example.com"), either with a port ("example.com:443") or methods and a path ("GET,HEAD example.com/api/*"), an IP address or a CIDR ("10.20.0.0/16")`
 
 // ParseEntry parses one allow or block entry. It checks syntax only:
 // Action, Layer and Source are left zero for the caller. Accepted forms:
@@ -41,46 +41,194 @@ const entryHint = `write a name ("example.com"), a wildcard ("*.example.com"), e
 //	192.0.2.1, 192.0.2.1:443, 192.0.2.0/24, 0.0.0.0/0:25
 //	2001:db8::1, [2001:db8::1]:443, 2001:db8::/32, [2001:db8::/32]:443
 //
+// and request rules, for names only: [METHODS ]name[:port][/path-glob]
+//
+//	GET,HEAD github.com/*          these methods, any path
+//	read github.com                GET, HEAD and OPTIONS (read-only), any path
+//	POST api.example.com/v1/messages
+//	api.example.com:443/v1/*       any method, paths under /v1/
+//
+// METHODS is a comma-separated list of HTTP methods from the IANA
+// registry, in any case (stored upper case), or "read". The path starts
+// with "/"; "*" matches any run of characters, "/" included; it is
+// stored normalized (see NormalizePath) and may not hold a query, "//",
+// or "." and ".." segments, which a normalized request path never has.
+//
 // An IPv6 address with a port needs brackets: "2001:db8::1:443" is the
 // address 2001:db8::1:443. Everything else is refused with a message
-// that says what to write: URLs, paths, user info, "*" alone,
-// "*foo.com", ports outside 1-65535, CIDRs with host bits set, IPv4
-// shorthand like "2130706433" or "127.1" (a name rule for it would match
-// nothing, an address rule would surprise), IPv4-mapped IPv6, zones.
+// that says what to write: URLs, user info, "*" alone, "*foo.com",
+// ports outside 1-65535, CIDRs with host bits set, IPv4 shorthand like
+// "2130706433" or "127.1" (a name rule for it would match nothing, an
+// address rule would surprise), IPv4-mapped IPv6, zones, methods or
+// paths on an address.
 func ParseEntry(s string) (Rule, error) {
 	r := Rule{Entry: s}
-	switch {
-	case s == "":
+	if s == "" {
 		return r, entryErr(s, "empty entry; remove it")
-	case strings.IndexFunc(s, func(c rune) bool { return c <= ' ' || c == 0x7f }) >= 0:
-		if t := strings.TrimSpace(s); t != "" && strings.IndexFunc(t, func(c rune) bool { return c <= ' ' || c == 0x7f }) < 0 {
+	}
+	if t := strings.TrimSpace(s); t != s {
+		if t != "" && !hasControl(t) {
 			return r, entryErr(s, "contains white space; write %q", t)
 		}
 		return r, entryErr(s, "contains white space or control characters; %s", entryHint)
-	case strings.Contains(s, "://"):
-		return r, entryErr(s, "a URL, not a rule; %s", urlHint(s))
-	case strings.Contains(s, "@"):
-		_, host, _ := strings.Cut(s, "@")
+	}
+	if hasControl(s) {
+		return r, entryErr(s, "contains white space or control characters; %s", entryHint)
+	}
+	fields := strings.Fields(s)
+	switch len(fields) {
+	case 1:
+		return parseTarget(r, s, s)
+	case 2:
+		methods, err := parseMethods(s, fields[0], fields[1])
+		if err != nil {
+			return r, err
+		}
+		r.Methods = methods
+		return parseTarget(r, s, fields[1])
+	}
+	if _, err := parseMethods(s, strings.Join(fields[:len(fields)-1], ""), fields[len(fields)-1]); err == nil {
+		return r, entryErr(s, "white space inside the list of methods; write %q", strings.Join(fields[:len(fields)-1], "")+" "+fields[len(fields)-1])
+	}
+	return r, entryErr(s, `contains white space; write one rule per entry, with any methods before the name, e.g. "GET,HEAD example.com/path"`)
+}
+
+// hasControl reports whether s holds an ASCII control character; tabs
+// and line breaks are control characters here, only " " separates.
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
+// httpMethods is the IANA HTTP method registry (RFC 9110 §16.1), less
+// "*" and PRI, which name no request. A typo must be an error rather
+// than a method nobody sends: "block DELTE ..." would block nothing.
+var httpMethods = map[string]bool{
+	"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "CONNECT": true,
+	"OPTIONS": true, "TRACE": true, "PATCH": true, "QUERY": true,
+	// WebDAV, CalDAV, DeltaV and relatives.
+	"ACL": true, "BASELINE-CONTROL": true, "BIND": true, "CHECKIN": true, "CHECKOUT": true,
+	"COPY": true, "LABEL": true, "LINK": true, "LOCK": true, "MERGE": true, "MKACTIVITY": true,
+	"MKCALENDAR": true, "MKCOL": true, "MKREDIRECTREF": true, "MKWORKSPACE": true, "MOVE": true,
+	"ORDERPATCH": true, "PROPFIND": true, "PROPPATCH": true, "REBIND": true, "REPORT": true,
+	"SEARCH": true, "UNBIND": true, "UNCHECKOUT": true, "UNLINK": true, "UNLOCK": true,
+	"UPDATE": true, "UPDATEREDIRECTREF": true, "VERSION-CONTROL": true,
+}
+
+// readMethods are what "read" stands for: the methods that do not
+// change anything on a server that follows RFC 9110.
+var readMethods = []string{"GET", "HEAD", "OPTIONS"}
+
+// parseMethods reads the METHODS word of a request rule; target is the
+// word after it, for the examples in messages.
+func parseMethods(s, list, target string) ([]string, error) {
+	if strings.ContainsAny(list, ".:/*[") {
+		if strings.HasPrefix(target, "/") {
+			return nil, entryErr(s, "white space between the name and its path; write %q", list+target)
+		}
+		return nil, entryErr(s, `contains white space; write one rule per entry, with any methods before the name, e.g. "GET,HEAD example.com/path"`)
+	}
+	var out []string
+	add := func(m string) {
+		for _, x := range out {
+			if x == m {
+				return
+			}
+		}
+		out = append(out, m)
+	}
+	for tok := range strings.SplitSeq(list, ",") {
+		switch {
+		case tok == "":
+			return nil, entryErr(s, "an empty method in %q; separate methods with single commas, e.g. \"GET,HEAD %s\"", list, target)
+		case strings.EqualFold(tok, "read"):
+			for _, m := range readMethods {
+				add(m)
+			}
+		case httpMethods[strings.ToUpper(tok)]:
+			add(strings.ToUpper(tok))
+		default:
+			return nil, entryErr(s, "%q is not an HTTP method (white space separates methods from the name); write methods such as GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS, or \"read\" for GET, HEAD and OPTIONS: e.g. \"GET,HEAD %s\"", tok, target)
+		}
+	}
+	return out, nil
+}
+
+// errAddrRequest explains why a request rule cannot name an address.
+const errAddrRequest = `methods and paths apply to names only: the gate reads requests only on connections it terminates, and it terminates TLS by the name the client asked for (SNI), never by address; write a name, e.g. "GET,HEAD example.com/api/*", or the address alone`
+
+// parseTarget parses the part of entry s after any methods: t, which is
+// s itself when there are none.
+func parseTarget(r Rule, s, t string) (Rule, error) {
+	if i := strings.Index(t, "://"); i >= 0 && !strings.Contains(t[:i], "/") {
+		return r, entryErr(s, "a URL, not a rule; %s", urlHint(t))
+	}
+	host, path := t, ""
+	if i := strings.IndexByte(t, '/'); i > 0 && nameish(t[:i]) {
+		host, path = t[:i], t[i:]
+	}
+	r, err := parseHost(r, s, host)
+	if err != nil {
+		return r, err
+	}
+	if r.IsAddr() && r.Methods != nil {
+		return r, entryErr(s, "%s", errAddrRequest)
+	}
+	if i := strings.IndexAny(path, "?#"); i >= 0 {
+		return r, entryErr(s, "a query or fragment is not matched, only the path; write %q", s[:len(s)-len(t)]+host+path[:i])
+	}
+	if path != "" {
+		p, err := normalizeGlob(path)
+		if err != nil {
+			return r, entryErr(s, "%v", err)
+		}
+		r.Path = p
+	}
+	return r, nil
+}
+
+// nameish reports whether h, the text before the first "/" of an
+// entry, is meant as a name (with or without a port), so that what
+// follows is a path and not a CIDR's prefix length.
+func nameish(h string) bool {
+	if strings.HasPrefix(h, "[") || strings.Count(h, ":") > 1 {
+		return false
+	}
+	a, _, _ := strings.Cut(h, ":")
+	_, err := netip.ParseAddr(a)
+	return err != nil
+}
+
+// parseHost parses a name or address with an optional port; s is the
+// entry as written, for messages.
+func parseHost(r Rule, s, t string) (Rule, error) {
+	switch {
+	case strings.Contains(t, "@"):
+		_, host, _ := strings.Cut(t, "@")
 		return r, entryErr(s, "user info is not part of a rule, rules match hosts; write %s", orExample(host))
-	case s == "*" || s == "*.*":
+	case t == "*" || t == "*.*":
 		return r, entryErr(s, `a wildcard alone would match every name; write a domain's subdomains, e.g. "*.example.com"`)
-	case strings.HasPrefix(s, "["):
-		return parseBracketed(r, s)
-	case strings.Contains(s, "/"):
-		return parseCIDR(r, s)
-	case strings.Count(s, ":") >= 2:
-		return parseAddr(r, s, s, 0)
+	case strings.HasPrefix(t, "["):
+		return parseBracketed(r, s, t)
+	case strings.Contains(t, "/"):
+		return parseCIDR(r, s, t)
+	case strings.Count(t, ":") >= 2:
+		return parseAddr(r, s, t, 0)
 	}
 
-	host, port := s, uint16(0)
-	if h, ps, ok := strings.Cut(s, ":"); ok {
+	host, port := t, uint16(0)
+	if h, ps, ok := strings.Cut(t, ":"); ok {
 		p, err := parsePort(ps)
 		if err != nil {
 			return r, entryErr(s, "%v", err)
 		}
 		host, port = h, p
 		if host == "" {
-			return r, entryErr(s, "no host before the port; write e.g. \"example.com%s\"", s)
+			return r, entryErr(s, "no host before the port; write e.g. \"example.com%s\"", t)
 		}
 	}
 	if ip, err := netip.ParseAddr(host); err == nil {
@@ -106,13 +254,14 @@ func parsePort(ps string) (uint16, error) {
 	return uint16(n), nil
 }
 
-// parseBracketed reads "[v6]" and "[v6]:port".
-func parseBracketed(r Rule, s string) (Rule, error) {
-	end := strings.IndexByte(s, ']')
+// parseBracketed reads "[v6]" and "[v6]:port" from t; s is the entry as
+// written.
+func parseBracketed(r Rule, s, t string) (Rule, error) {
+	end := strings.IndexByte(t, ']')
 	if end < 0 {
 		return r, entryErr(s, `unclosed "["; write an IPv6 address with a port as "[2001:db8::1]:443"`)
 	}
-	inner, rest := s[1:end], s[end+1:]
+	inner, rest := t[1:end], t[end+1:]
 	var port uint16
 	switch {
 	case rest == "":
@@ -158,10 +307,10 @@ func parseAddr(r Rule, s, addr string, port uint16) (Rule, error) {
 	return r, nil
 }
 
-// parseCIDR reads "ip/bits" or "ip/bits:port". A path
-// ("example.com/api") gets a hint.
-func parseCIDR(r Rule, s string) (Rule, error) {
-	addr, bits, _ := strings.Cut(s, "/")
+// parseCIDR reads "ip/bits" or "ip/bits:port" from t; s is the entry as
+// written. A path after an address gets a hint.
+func parseCIDR(r Rule, s, t string) (Rule, error) {
+	addr, bits, _ := strings.Cut(t, "/")
 	var port uint16
 	if b, ps, ok := strings.Cut(bits, ":"); ok {
 		p, err := parsePort(ps)
@@ -181,14 +330,17 @@ func parsePrefix(r Rule, s, addr, bits string, port uint16) (Rule, error) {
 	ip, err := netip.ParseAddr(addr)
 	if err != nil {
 		if addr == "" {
-			return r, entryErr(s, "a path, not a rule; rules match hosts, %s", entryHint)
+			return r, entryErr(s, `a path without a host; a rule names a host, and may add a path after it, e.g. "example.com/api/*"`)
 		}
-		return r, entryErr(s, "a path is not part of a rule, rules match hosts; write %s", orExample(addr))
+		return r, entryErr(s, "not a name or an address; write %s", orExample(addr))
 	}
 	if ip.Zone() != "" {
 		return r, entryErr(s, "a zone (%%%s) is not part of a rule; write the prefix without it", ip.Zone())
 	}
 	n, err := strconv.Atoi(bits)
+	if err != nil && (len(bits) > 3 || strings.ContainsAny(bits, "/*")) {
+		return r, entryErr(s, "%s", errAddrRequest)
+	}
 	if err != nil || n < 0 || n > ip.BitLen() || bits != strconv.Itoa(n) {
 		return r, entryErr(s, "bad prefix length /%s; write e.g. \"10.20.0.0/16\" or \"2001:db8::/32\"", bits)
 	}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"errors"
+	"reflect"
 	"net/netip"
 	"strings"
 	"testing"
@@ -54,6 +55,30 @@ func TestParseEntry(t *testing.T) {
 		// An IPv6 address ending in what looks like a port is an address:
 		// ports on IPv6 need brackets.
 		{"2001:db8::1:443", Rule{Prefix: pfx("2001:db8::1:443/128")}},
+		// Request rules: methods upper case and deduplicated, "read"
+		// expanded, paths normalized.
+		{"GET,HEAD github.com/*", Rule{Name: "github.com", Methods: []string{"GET", "HEAD"}, Path: "/*"}},
+		{"get,Head GitHub.com/*", Rule{Name: "github.com", Methods: []string{"GET", "HEAD"}, Path: "/*"}},
+		{"read github.com", Rule{Name: "github.com", Methods: []string{"GET", "HEAD", "OPTIONS"}}},
+		{"READ,post,GET github.com", Rule{Name: "github.com", Methods: []string{"GET", "HEAD", "OPTIONS", "POST"}}},
+		{"POST api.example.com/v1/messages", Rule{Name: "api.example.com", Methods: []string{"POST"}, Path: "/v1/messages"}},
+		{"DELETE api.example.com/*", Rule{Name: "api.example.com", Methods: []string{"DELETE"}, Path: "/*"}},
+		{"PROPFIND dav.example.com:8443/files/*", Rule{Name: "dav.example.com", Port: 8443, Methods: []string{"PROPFIND"}, Path: "/files/*"}},
+		{"GET  x.example/a", Rule{Name: "x.example", Methods: []string{"GET"}, Path: "/a"}},
+		{"github.com/*", Rule{Name: "github.com", Path: "/*"}},
+		{"x.com/path", Rule{Name: "x.com", Path: "/path"}},
+		{"x.com:443/path", Rule{Name: "x.com", Port: 443, Path: "/path"}},
+		{"*.example.com/v1/*", Rule{Name: "example.com", Wildcard: true, Path: "/v1/*"}},
+		{"x.example/", Rule{Name: "x.example", Path: "/"}},
+		{"x.example/a/", Rule{Name: "x.example", Path: "/a/"}},
+		{"x.example/a*b*c", Rule{Name: "x.example", Path: "/a*b*c"}},
+		{"npm.example/@scope/*", Rule{Name: "npm.example", Path: "/@scope/*"}},
+		{"x.example/%7euser/*", Rule{Name: "x.example", Path: "/~user/*"}},
+		{"x.example/%61dmin", Rule{Name: "x.example", Path: "/admin"}},
+		{"gitlab.example/api/v4/projects/group%2fproject/*", Rule{Name: "gitlab.example", Path: "/api/v4/projects/group%2Fproject/*"}},
+		{"x.example/caf\u00e9", Rule{Name: "x.example", Path: "/caf%C3%A9"}},
+		{"x.example/a%20b", Rule{Name: "x.example", Path: "/a%20b"}},
+		{"x.example/.well-known/*", Rule{Name: "x.example", Path: "/.well-known/*"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -62,7 +87,7 @@ func TestParseEntry(t *testing.T) {
 				t.Fatalf("ParseEntry(%q): %v", tt.in, err)
 			}
 			tt.want.Entry = tt.in
-			if got != tt.want {
+			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseEntry(%q)\n got %+v\nwant %+v", tt.in, got, tt.want)
 			}
 			if got.IsAddr() != tt.want.Prefix.IsValid() {
@@ -87,9 +112,8 @@ func TestParseEntryErrors(t *testing.T) {
 		{"https://user:pw@x.com/", []string{"write x.com"}},
 		{"https://[2001:db8::1]:8443/", []string{"write [2001:db8::1]:8443"}},
 		{"ftp://", []string{"a URL", `write the host name alone`}},
-		{"x.com/path", []string{"a path is not part of a rule", "write x.com"}},
-		{"x.com:443/path", []string{"a path is not part of a rule", "write x.com:443"}},
-		{"/etc/hosts", []string{"a path, not a rule"}},
+		{"/etc/hosts", []string{"a path without a host", `"example.com/api/*"`}},
+		{"x.com:443:80/path", []string{"not a name or an address"}},
 		{"user@x.com", []string{"user info is not part of a rule", "write x.com"}},
 		{"git@github.com:owner/repo", []string{"user info", "write github.com"}},
 		{"*", []string{"a wildcard alone would match every name", `"*.example.com"`}},
@@ -155,6 +179,35 @@ func TestParseEntryErrors(t *testing.T) {
 		{"*.10.0.0.1", []string{"IPv4 shorthand"}},
 		{"xn--zz.example", []string{"not a valid internationalized name"}},
 		{"a\u200db.example", []string{"not a valid internationalized name"}}, // zero width joiner out of context
+		// Request rules.
+		{"GET 192.0.2.1", []string{"methods and paths apply to names only", "terminates TLS by the name", `"GET,HEAD example.com/api/*"`}},
+		{"read [2001:db8::1]:443", []string{"methods and paths apply to names only"}},
+		{"GET 10.0.0.0/8", []string{"methods and paths apply to names only"}},
+		{"192.0.2.1/admin", []string{"methods and paths apply to names only"}},
+		{"192.0.2.1/admin/*", []string{"methods and paths apply to names only"}},
+		{"GTE github.com/*", []string{`"GTE" is not an HTTP method`, `"read" for GET, HEAD and OPTIONS`, `e.g. "GET,HEAD github.com/*"`}},
+		{"exa mple.com", []string{`"exa" is not an HTTP method (white space separates methods from the name)`}},
+		{"GET,,HEAD x.com", []string{`an empty method in "GET,,HEAD"`, `"GET,HEAD x.com"`}},
+		{"GET, HEAD x.com/*", []string{`white space inside the list of methods; write "GET,HEAD x.com/*"`}},
+		{"x.com /path", []string{`white space between the name and its path; write "x.com/path"`}},
+		{"a.com b.com", []string{"contains white space; write one rule per entry"}},
+		{"GET a.com b.com", []string{"contains white space; write one rule per entry"}},
+		{"GET\tx.com", []string{"control characters"}},
+		{"GET x.com/a?b=1", []string{`a query or fragment is not matched, only the path; write "GET x.com/a"`}},
+		{"x.com/a#top", []string{`write "x.com/a"`}},
+		{"GET x.com/a//b", []string{`an empty path segment ("//") never matches`}},
+		{"GET x.com/a/../b", []string{`a "." or ".." segment never matches`, "write the path they lead to"}},
+		{"GET x.com/./b", []string{`a "." or ".." segment`}},
+		{"GET x.com/%2e%2E/b", []string{`a "." or ".." segment`}},
+		{"GET x.com/a%2F..%2Fb", []string{`escaped slashes around a "." or ".." segment`}},
+		{"GET x.com/a%252F..%252Fb", []string{`escaped slashes around`}},
+		{"GET x.com/a%zz", []string{`a "%" in the path is not followed by two hex digits`}},
+		{"GET x.com/a%2", []string{`not followed by two hex digits`}},
+		{"GET x.com:0/a", []string{"port 0 is out of range"}},
+		{"GET *", []string{"a wildcard alone"}},
+		{"GET */a", []string{"a wildcard alone"}},
+		{"GET https://x.com/a", []string{"a URL, not a rule; write x.com"}},
+		{"GET user@x.com/a", []string{"user info is not part of a rule", "write x.com"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {
@@ -234,7 +287,7 @@ func TestFromEntries(t *testing.T) {
 		t.Fatalf("got %d rules, want %d", len(got), len(want))
 	}
 	for i := range want {
-		if got[i] != want[i] {
+		if !reflect.DeepEqual(got[i], want[i]) {
 			t.Errorf("rule %d\n got %+v\nwant %+v", i, got[i], want[i])
 		}
 	}
@@ -247,6 +300,7 @@ func TestStrings(t *testing.T) {
 		{Action(0).String(), "Action(0)"},
 		{LayerBuiltin.String(), "builtin"},
 		{LayerNamed.String(), "policy"},
+		{LayerPreset.String(), "preset"},
 		{LayerUser.String(), "user"},
 		{LayerProject.String(), "project"},
 		{LayerRuntime.String(), "runtime"},

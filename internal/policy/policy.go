@@ -5,10 +5,52 @@
 // compiled Policy and therefore cannot disagree.
 //
 // Rules come in layers, lowest first: the built-in default list, named
-// policies, the user's config, the project's config, runtime grants. The
-// highest layer that has an opinion (any rule matching the destination)
-// decides; inside that layer the most specific matching rule decides, and
-// a block beats an allow of equal specificity. Nothing matching means deny.
+// policies, agent presets, the user's config, the project's config,
+// runtime grants. The highest layer that has an opinion (any rule
+// matching the destination) decides; inside that layer the most specific
+// matching rule decides, and a block beats an allow of equal specificity.
+// Nothing matching means deny.
+//
+// # Request rules
+//
+// A rule that names HTTP methods or a path ("GET,HEAD github.com/*",
+// "read github.com", "block DELETE api.example.com/*") is a request rule:
+// it is decided per HTTP request, on a connection the gate terminates,
+// by Request. Name still decides the connection, and counts request rules
+// like this:
+//
+//   - An allow request rule is an opinion about its whole name. It lets
+//     the connection through (so the gate can look at the requests), and
+//     it restricts the name: in its layer, a request that no allow of at
+//     least the same specificity matches is denied, and lower layers are
+//     not asked. Otherwise a built-in allow of github.com would undo a
+//     user's "GET,HEAD github.com/*".
+//   - A block request rule is an opinion only about the requests it
+//     matches. A layer whose only rules for a name are such blocks leaves
+//     the name, and every request the blocks do not match, to the layers
+//     below: "block DELETE api.example.com/*" in the user's config must
+//     not take away the GETs a preset allows.
+//
+// Decision.Inspect says whether a connection must be terminated and its
+// requests decided one by one; when it is false every request on the
+// connection would get the connection's verdict, so the gate may splice.
+//
+// Inside a layer, request decisions rank rules by name specificity first
+// (exact, then deeper wildcards, then a port), then path (a longer literal
+// prefix before the first "*", and an exact path over a glob with the
+// same prefix, and any path over none), then a method list over any
+// method; a block wins an exact tie. A restricting allow counts as a
+// block of its name that matches no path, so a bare allow of the same
+// name outranks it and a more specific request rule of either kind beats
+// it.
+//
+// Paths are matched after normalization (see NormalizePath), and twice:
+// once as written by the usual rules (RFC 3986), once read as loosely as
+// any server might (every escape decoded, repeatedly, backslash as slash,
+// path parameters dropped, case folded, trailing slash dropped). A
+// request is allowed only if both readings allow it, so an encoded slash,
+// an encoded percent or odd case can make a block match but never widen
+// an allow.
 //
 // Everything here is free of I/O except discover.go, which reads package
 // manager configuration to find the mirrors a sandbox needs.
@@ -42,11 +84,16 @@ func (a Action) String() string {
 }
 
 // Layer is where a rule came from; a higher layer overrides a lower one.
+// Layer values are only ever compared with each other, in this process:
+// audit records and the control API carry Layer.String(), and runtime
+// rules are persisted as entries, so the numbers may change between
+// versions (LayerPreset was inserted in the middle).
 type Layer uint8
 
 const (
 	LayerBuiltin Layer = iota // compiled into moat
 	LayerNamed                // named policies from network.use, and discovered mirrors
+	LayerPreset               // agent presets ("preset claude"): hosts `moat run claude` needs; user and project rules override them
 	LayerUser                 // ~/.config/moat/config.toml
 	LayerProject              // the project's moat.toml
 	LayerRuntime              // moat network allow/block and interactive grants
@@ -59,6 +106,8 @@ func (l Layer) String() string {
 		return "builtin"
 	case LayerNamed:
 		return "policy"
+	case LayerPreset:
+		return "preset"
 	case LayerUser:
 		return "user"
 	case LayerProject:
@@ -70,8 +119,8 @@ func (l Layer) String() string {
 }
 
 // Rule is one entry of an allow or block list. ParseEntry fills Entry,
-// Name, Wildcard, Port and Prefix; the caller sets Action, Layer and
-// Source.
+// Name, Wildcard, Port, Prefix, Methods and Path; the caller sets Action,
+// Layer and Source.
 type Rule struct {
 	Entry    string // as written, e.g. "*.Example.com:443"
 	Action   Action
@@ -82,10 +131,21 @@ type Rule struct {
 	Port     uint16 // 0 = any port
 	// Prefix is valid only for address rules; one address is a /32 or /128.
 	Prefix netip.Prefix
+	// Methods and Path make a name rule a request rule (see the package
+	// doc). Methods are upper case, nil for any method; "read" is
+	// already expanded to GET, HEAD, OPTIONS. Path is a glob in the form
+	// NormalizePath gives, starting with "/", where "*" matches any run
+	// of characters including "/"; "" means any path.
+	Methods []string
+	Path    string
 }
 
 // IsAddr reports whether r is an address (IP or CIDR) rule.
 func (r *Rule) IsAddr() bool { return r.Name == "" && r.Prefix.IsValid() }
+
+// IsRequest reports whether r is a request rule: it names methods or a
+// path.
+func (r *Rule) IsRequest() bool { return len(r.Methods) > 0 || r.Path != "" }
 
 // Verdict is the outcome of a decision: Allow or Deny. Its zero value is
 // Deny, so a Decision nobody filled in denies: the gate fails closed.
@@ -105,8 +165,14 @@ func (v Verdict) String() string {
 // Decision is a verdict and the rule that gave it. Rule is nil when no
 // rule had an opinion and the default (deny) applied. Rule points into
 // the Policy; callers must not modify it.
+//
+// Inspect is set by Name on an allow whose requests are not all decided
+// alike: the gate must terminate the connection and ask Request for each
+// request. It is kept in this small struct, not in a second call,
+// because Name is on every connection's path.
 type Decision struct {
 	Verdict Verdict
+	Inspect bool
 	Rule    *Rule
 }
 
@@ -126,13 +192,28 @@ type Policy struct {
 	addr  map[netip.Prefix][]int32
 	lens4 []int // prefix lengths in use for IPv4 rules, longest first
 	lens6 []int
+
+	// Request rules. req is nil when there are none, so a policy without
+	// them pays one nil check on Name. Allow request rules are in exact
+	// and wild like plain rules (they are an opinion about the name);
+	// block request rules are only in bexact and bwild, where Name does
+	// not look unless it has to work out Inspect.
+	req    []*reqRule // per rule; nil for plain rules
+	bexact map[string][]int32
+	bwild  map[string][]int32
 }
 
 // Compile builds a Policy from rules, which already carry Action, Layer
 // and Source. Rules() returns them in the same order. Compile trusts the
 // parsed fields (Name, Wildcard, Port, Prefix) as ParseEntry made them,
 // but normalizes Name again so a hand-built rule cannot silently match
-// nothing for want of lower case.
+// nothing for want of lower case, and upper-cases Methods.
+//
+// A hand-built rule that ParseEntry would refuse fails closed: an
+// address rule with methods or a path is dropped if it allows and
+// blocks the whole address if it blocks (the gate cannot read requests
+// to an address); a request rule whose Path is not a valid glob matches
+// no request if it allows and every path if it blocks.
 func Compile(rules []Rule) *Policy {
 	p := &Policy{
 		rules: append([]Rule(nil), rules...),
@@ -144,12 +225,22 @@ func Compile(rules []Rule) *Policy {
 	seen4, seen6 := map[int]bool{}, map[int]bool{}
 	for i := range p.rules {
 		r := &p.rules[i]
+		if r.Methods != nil {
+			r.Methods = upperAll(r.Methods)
+		}
 		if r.Name != "" {
 			if n, err := NormalizeName(r.Name); err == nil {
 				r.Name = n
 			}
 		}
-		p.rank[i] = rankOf(r)
+		if r.Name != "" && r.IsRequest() {
+			p.addRequest(int32(i))
+			continue
+		}
+		if r.Name == "" && r.IsRequest() && r.Action == Allow {
+			continue
+		}
+		p.rank[i] = rankOf(r, false)
 		switch {
 		case r.Name != "" && r.Wildcard:
 			p.wild[r.Name] = append(p.wild[r.Name], int32(i))
@@ -180,30 +271,61 @@ func sortedLens(m map[int]bool) []int {
 	return out
 }
 
-// rankOf orders rules that match the same destination: a higher rank
-// decides. From most to least significant: the layer (the highest layer
-// with an opinion wins), how narrow the pattern is (an exact name beats
-// any wildcard, a deeper wildcard suffix beats a shallower one, a longer
-// prefix beats a shorter one), whether the rule names a port (a port
-// narrows the same pattern), and last the action, so a block wins a tie.
-func rankOf(r *Rule) uint32 {
-	var narrow uint32
-	switch {
-	case r.Name != "" && !r.Wildcard:
-		narrow = 255 // above any wildcard: a name has at most 127 labels
-	case r.Name != "":
-		narrow = uint32(labels(r.Name))
-	default:
-		narrow = uint32(r.Prefix.Bits()) + 1
+// addRequest indexes the request rule i.
+func (p *Policy) addRequest(i int32) {
+	if p.req == nil {
+		p.req = make([]*reqRule, len(p.rules))
+		p.bexact, p.bwild = map[string][]int32{}, map[string][]int32{}
 	}
-	rank := uint32(r.Layer)<<16 | narrow<<2
+	r := &p.rules[i]
+	p.req[i] = compileRequest(r)
+	p.rank[i] = rankOf(r, true)
+	exact, wild := p.exact, p.wild
+	if r.Action != Allow {
+		exact, wild = p.bexact, p.bwild
+	}
+	if r.Wildcard {
+		wild[r.Name] = append(wild[r.Name], i)
+	} else {
+		exact[r.Name] = append(exact[r.Name], i)
+	}
+}
+
+// rankOf orders rules that match the same destination when Name and Addr
+// decide: a higher rank decides. From most to least significant: the
+// layer (the highest layer with an opinion wins), how narrow the pattern
+// is (narrowOf), whether the rule names a port (a port narrows the same
+// pattern), and last the kind: an allow request rule, then a block, then
+// an allow. A block wins a tie with an allow; an allow request rule wins
+// a tie with a block because some requests get past the block (a request
+// rule ranks above a bare rule of its name in Request), so the
+// connection must be let through to be inspected.
+func rankOf(r *Rule, request bool) uint32 {
+	rank := uint32(r.Layer)<<16 | narrowOf(r)<<3
 	if r.Port != 0 {
-		rank |= 2
+		rank |= 4
 	}
-	if r.Action == Block {
+	switch {
+	case request && r.Action == Allow:
+		rank |= 2
+	case r.Action != Allow:
 		rank |= 1
 	}
 	return rank
+}
+
+// narrowOf says how narrow a rule's pattern is: an exact name beats any
+// wildcard, a deeper wildcard suffix beats a shallower one, a longer
+// prefix beats a shorter one.
+func narrowOf(r *Rule) uint32 {
+	switch {
+	case r.Name != "" && !r.Wildcard:
+		return 255 // above any wildcard: a name has at most 127 labels
+	case r.Name != "":
+		return uint32(labels(r.Name))
+	default:
+		return uint32(r.Prefix.Bits()) + 1
+	}
 }
 
 func labels(name string) int {
@@ -221,7 +343,13 @@ func (p *Policy) Rules() []Rule {
 	if p == nil {
 		return nil
 	}
-	return append([]Rule(nil), p.rules...)
+	out := append([]Rule(nil), p.rules...)
+	for i := range out {
+		if out[i].Methods != nil {
+			out[i].Methods = append([]string(nil), out[i].Methods...)
+		}
+	}
+	return out
 }
 
 // Name decides whether name may be reached on port. The name is
@@ -229,6 +357,10 @@ func (p *Policy) Rules() []Rule {
 // whether the name may be reached on any port at all, which is what DNS
 // needs: a name is resolved iff some connection to it could be allowed.
 // Name rules only: an address rule never allows a name.
+//
+// Request rules count as the package doc says: an allow request rule
+// allows the connection and sets Inspect, a block request rule only sets
+// Inspect on a connection it could affect.
 func (p *Policy) Name(name string, port uint16) Decision {
 	if p == nil {
 		return Decision{}
@@ -238,7 +370,11 @@ func (p *Policy) Name(name string, port uint16) Decision {
 		return Decision{}
 	}
 	var buf [16]int32
-	return p.decide(p.nameRules(n, buf[:0]), port, nil)
+	d := p.decide(p.nameRules(n, buf[:0]), port, nil)
+	if p.req != nil && d.Verdict == Allow {
+		d.Inspect = p.inspects(n, port, d.Rule)
+	}
+	return d
 }
 
 // nameRules appends the indices of the rules whose name pattern matches
