@@ -30,8 +30,8 @@ const (
 
 // maxLeaves bounds the cache: the guest chooses the names (every SNI it
 // sends to an inspected host), so without a bound it could grow the daemon
-// without limit. 4096 covers any real working set; a key and certificate
-// are about 1.5 KiB, so the cache stays under ~6 MiB.
+// without limit. 4096 covers any real working set; a cached leaf (key,
+// DER and parsed certificate) holds about 4 KiB, so a full cache is ~16 MiB.
 const maxLeaves = 4096
 
 // leafCache holds minted leaves, least recently used evicted first.
