@@ -28,6 +28,7 @@ package gate
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -55,6 +56,19 @@ type Options struct {
 	// PeekTimeout bounds how long the gate waits for a ClientHello or an
 	// HTTP request head before it gives up on the connection.
 	PeekTimeout time.Duration
+
+	// Certs mints the leaves the gate presents when it terminates TLS
+	// (the sandbox's CA). Nil: the gate never terminates TLS; a host that
+	// needs it for a secret or request rules is refused, one that only
+	// inspect = true asks to read is spliced.
+	Certs Certs
+	// Credentials are the sandbox's secrets (nil: none).
+	Credentials Credentials
+	// Inspect terminates TLS to every allowed host ([network] inspect).
+	Inspect bool
+	// UpstreamRoots verifies the real hosts behind intercepted
+	// connections. Nil: the host's system roots.
+	UpstreamRoots *x509.CertPool
 }
 
 // Gate is one sandbox's egress gate. Its policy is swapped atomically;
@@ -66,6 +80,7 @@ type Gate struct {
 	pool   *Pool
 	binds  *Bindings
 	dns    *DNSServer
+	m      *mitm // nil without Certs: nothing is intercepted
 
 	// hostMu guards hostAddrs, refreshed at most every hostAddrsTTL.
 	hostMu    sync.Mutex
@@ -98,6 +113,9 @@ func New(o Options) *Gate {
 	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now)}
 	if o.Policy != nil {
 		g.policy.Store(o.Policy)
+	}
+	if o.Certs != nil {
+		g.m = g.newMITM()
 	}
 	g.dns = NewDNSServer(DNSOptions{
 		Decide:   g.decideDNSName,

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -80,6 +78,8 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 type tcpTrace struct {
 	start time.Time
 	rec   audit.Record
+	dec   policy.Decision // the name's decision, when a name decided
+	sni   string          // the ClientHello's name, when it had one in the clear
 }
 
 func (g *Gate) deny(t *tcpTrace) {
@@ -94,6 +94,7 @@ func (g *Gate) deny(t *tcpTrace) {
 func (g *Gate) setDecision(t *tcpTrace, name, from string, d policy.Decision) {
 	t.rec.Name, t.rec.NameFrom = name, from
 	t.rec.Rule, t.rec.Layer = ruleOf(d)
+	t.dec = d
 	if d.Verdict != policy.Allow && d.Rule != nil {
 		t.rec.Reason = "blocked by rule"
 	}
@@ -183,13 +184,32 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	case headTLS:
 		tg, ok = g.decideTLS(buf, dst, t)
 		if !ok {
-			refuseTLS(c)
-			g.deny(t)
+			g.refuseTLSLegibly(ctx, c, buf, dst, t)
 			return
+		}
+		if tg.name != "" {
+			if why, must := g.interceptWhy(tg.name, t.dec); why != "" {
+				if g.m != nil {
+					g.intercept(ctx, c, buf, tg, dst, t, why)
+					return
+				}
+				if must {
+					// A secret or request rules depend on reading this
+					// host's requests, and the gate cannot: refuse
+					// rather than let them through unread.
+					t.rec.Reason = "needs TLS inspection (" + why + ") but the gate has no CA"
+					refuseTLS(c)
+					g.deny(t)
+					return
+				}
+			}
 		}
 	case headHTTP:
 		var req peek.Request
 		tg, req, ok = g.decideHTTP(buf, dst, t)
+		if ok {
+			ok = g.plainRequestAllowed(req, dst, t)
+		}
 		if !ok {
 			g.refuseHTTP(c, req, dst, t)
 			g.deny(t)
@@ -292,6 +312,7 @@ func (g *Gate) decideTLS(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, b
 		}
 		return g.byAddressRule(dst, t, what)
 	}
+	t.sni = hello.SNI
 	d := g.decideName(hello.SNI, dst.Port())
 	g.setDecision(t, hello.SNI, "sni", d)
 	if d.Verdict != policy.Allow {
@@ -365,54 +386,6 @@ func forceClose(buf []byte, req peek.Request) []byte {
 	out = append(out, head[:len(head)-2]...)
 	out = append(out, "Connection: close\r\n\r\n"...)
 	return append(out, buf[req.HeaderEnd:]...)
-}
-
-// accessDenied is a TLS fatal alert record, access_denied (49). Alerts
-// sent before the handshake completes are in the clear, so the gate can
-// send one without terminating TLS, and the client says "alert access
-// denied" instead of a bare reset that looks like an outage.
-var accessDenied = []byte{0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 49}
-
-func refuseTLS(c net.Conn) {
-	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
-	c.Write(accessDenied)
-	c.Close()
-}
-
-// refuseHTTP answers a denied plain-HTTP request with a page an agent can
-// read: what was refused and the exact command that would allow it, so a
-// policy block is never mistaken for an outage.
-func (g *Gate) refuseHTTP(c net.Conn, req peek.Request, dst netip.AddrPort, t *tcpTrace) {
-	defer c.Close()
-	host := req.Host
-	if host == "" {
-		host = dst.Addr().String()
-	}
-	status := "403 Forbidden"
-	body := fmt.Sprintf("moat: the sandbox %q may not reach %s (port %d): %s.\n",
-		g.o.Sandbox, host, dst.Port(), reasonText(t.rec))
-	if t.rec.Reason == "" || t.rec.Reason == "blocked by rule" || strings.HasPrefix(t.rec.Reason, "no rule") {
-		body += fmt.Sprintf("To allow it, run on the host:\n\n    %s\n", AllowCommand(g.o.Sandbox, host, dst.Port()))
-	}
-	if strings.HasPrefix(t.rec.Reason, "bad request head") {
-		status = "400 Bad Request"
-	}
-	c.SetWriteDeadline(g.o.Now().Add(5 * time.Second))
-	fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: %d\r\nConnection: close\r\nX-Moat-Denied: %s\r\n\r\n%s",
-		status, len(body), host, body)
-	if cw, ok := c.(interface{ CloseWrite() error }); ok {
-		cw.CloseWrite()
-	}
-}
-
-func reasonText(r audit.Record) string {
-	switch {
-	case r.Reason == "" || r.Reason == "no rule allows it":
-		return "no rule allows it"
-	case r.Reason == "blocked by rule":
-		return "blocked by " + r.Layer + " rule " + strconv.Quote(r.Rule)
-	}
-	return r.Reason
 }
 
 // finishFailed audits an allowed flow whose upstream could not be reached.

@@ -36,7 +36,7 @@ type upstreamDNS struct {
 	log  []string
 }
 
-func startDNS(t *testing.T, records map[string]string) *upstreamDNS {
+func startDNS(t testing.TB, records map[string]string) *upstreamDNS {
 	t.Helper()
 	u := &upstreamDNS{a: records}
 	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
@@ -115,7 +115,7 @@ func newFixture(t *testing.T, records map[string]string, allow, block []string) 
 }
 
 // records closes the audit log and returns what it holds.
-func (f *fixture) records(t *testing.T) []audit.Record {
+func (f *fixture) records(t testing.TB) []audit.Record {
 	t.Helper()
 	f.log.Close()
 	var out []audit.Record
@@ -178,7 +178,7 @@ func (f *fixture) flow(t *testing.T, dst string) *flowResult {
 
 // listenAt serves on a loopback address other than 127.0.0.1 (so the test
 // can use the real ports 80 and 443 without meeting anything else).
-func listenAt(t *testing.T, addr string) net.Listener {
+func listenAt(t testing.TB, addr string) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", addr)
 	if errors.Is(err, syscall.EACCES) {
