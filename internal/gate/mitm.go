@@ -286,8 +286,8 @@ type reqState struct {
 	scrub       bool // the answer's body
 	scrubHeader bool
 	switched    bool // answered 101: the proxy wrote it on the hijacked connection
-	upstream atomic.Pointer[string]
-	up, down atomic.Int64
+	upstream    atomic.Pointer[string]
+	up, down    atomic.Int64
 }
 
 type reqStateKey struct{}
