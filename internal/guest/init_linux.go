@@ -65,8 +65,8 @@ func Init() int {
 		log.Error("preparing guest", "err", err)
 		return 1
 	}
-	caFile, trust := trustCA(spec, log)
-	srv.Env = sessionEnv(spec.Env, caFile, trust) // read by sessions only, after ready
+	caFile, stores := trustCA(spec, log)
+	srv.Env = sessionEnv(spec.Env, caFile, stores) // read by sessions only, after ready
 	close(ready)
 
 	for sig := range sigs {
