@@ -16,6 +16,14 @@ package gate
 // hop-by-hop headers are each a source of request smuggling when
 // re-implemented, and bodies stream through both (never buffered whole,
 // never cut).
+//
+// What interception cannot do, by construction: a host that asks for a
+// client certificate (mutual TLS) or that the guest pins cannot be
+// intercepted, so only hosts that need it are; and after a WebSocket
+// upgrade the gate copies the stream as bytes, so a placeholder inside a
+// WebSocket message is not swapped and a value echoed in one is not
+// scrubbed (frames carry their length, and the two differ in length).
+// Credentials go in the upgrade request's headers, where they are swapped.
 
 import (
 	"context"
@@ -191,11 +199,40 @@ type interception struct {
 	dst       netip.AddrPort
 	inspect   bool          // request rules apply: decide every request
 	refused   *audit.Record // the SNI was denied: every request gets this refusal
-	// reqs counts requests in flight, so the connection's record comes
-	// after those of its requests (an upgraded request outlives the
-	// connection's HTTP server). Every Add happens in a handler, before
-	// the connection closes and anything waits.
-	reqs sync.WaitGroup
+	// mu guards active, the requests in flight: the connection's record
+	// is written after those of its requests (an upgraded request
+	// outlives the connection's HTTP server). Not a WaitGroup: an HTTP/2
+	// handler may start just as its connection closes, an Add concurrent
+	// with a Wait.
+	mu     sync.Mutex
+	active int
+	idle   sync.Cond
+}
+
+func (ic *interception) begin() {
+	ic.mu.Lock()
+	ic.active++
+	ic.mu.Unlock()
+}
+
+func (ic *interception) end() {
+	ic.mu.Lock()
+	if ic.active--; ic.active == 0 && ic.idle.L != nil {
+		ic.idle.Broadcast()
+	}
+	ic.mu.Unlock()
+}
+
+// wait returns once no request is in flight.
+func (ic *interception) wait() {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	if ic.idle.L == nil {
+		ic.idle.L = &ic.mu
+	}
+	for ic.active > 0 {
+		ic.idle.Wait()
+	}
 }
 
 type interceptionKey struct{}
@@ -227,7 +264,7 @@ func (g *Gate) intercept(ctx context.Context, c net.Conn, head []byte, tg target
 		t.rec.Reason = "TLS handshake with the guest: " + err.Error()
 	} else {
 		t.rec.Reason = "TLS terminated by the gate: " + why
-		ic.reqs.Wait()
+		ic.wait()
 	}
 	t.rec.BytesUp, t.rec.BytesDown = gc.up.Load(), gc.down.Load()
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
@@ -308,12 +345,14 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	}
 	if ic.refused != nil {
 		// Already audited (and counted in the ledger) as the connection's
-		// denial: each request on it only shows the page.
+		// denial: each request on it only shows the page, and the
+		// connection closes after it (HTTP/2: a GOAWAY).
+		w.Header().Set("Connection", "close")
 		g.refusalFor(ic.name, ic.port, *ic.refused, false).serve(w)
 		return
 	}
-	ic.reqs.Add(1)
-	defer ic.reqs.Done()
+	ic.begin()
+	defer ic.end()
 	creds := g.o.Credentials
 	rs := &reqState{ic: ic, rec: audit.Record{
 		Time: g.o.Now().UTC(), Proto: "http", Dst: ic.dst.String(), Name: ic.name, NameFrom: "sni",
@@ -444,7 +483,7 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// After an upgrade the body is the upstream's end of a byte
 		// stream the proxy copies both ways (WebSocket frames are not
-		// scrubbed: their lengths are framed, see the package notes).
+		// scrubbed: see the notes at the top of this file).
 		rs.switched = true
 		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
 			resp.Body = &countingRWC{ReadWriteCloser: rwc, rs: rs}

@@ -533,6 +533,23 @@ func TestInterceptRefusesDomainFronting(t *testing.T) {
 		}
 		c.CloseIdleConnections()
 	}
+	// An absolute-form target names the host too (and wins over Host).
+	conn, err := f.dial("198.51.100.66:443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tc := tls.Client(conn, &tls.Config{ServerName: "api.test", RootCAs: f.roots, NextProtos: []string{"http/1.1"}})
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(tc, "GET https://other.test/echo HTTP/1.1\r\nHost: api.test\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tc.Close()
+	if resp.StatusCode != http.StatusMisdirectedRequest {
+		t.Errorf("absolute-form target: got %d", resp.StatusCode)
+	}
 	if got := f.up.hits.Load(); got != 2 {
 		t.Errorf("upstream hit %d times, want 2 (the same-name requests only)", got)
 	}
@@ -545,8 +562,8 @@ func TestInterceptRefusesDomainFronting(t *testing.T) {
 			}
 		}
 	}
-	if denied != 2 {
-		t.Errorf("%d fronting denials audited, want 2", denied)
+	if denied != 3 {
+		t.Errorf("%d fronting denials audited, want 3", denied)
 	}
 }
 
