@@ -477,7 +477,7 @@ func TestNetworkRules(t *testing.T) {
 		doc  string
 		want []string
 	}{
-		{"path", "[network]\nallow = [\n  \"a.example\",\n  \"x.com/api\",\n]", []string{`4:3: network.allow[1]: "x.com/api": a path is not part of a rule`, "write x.com"}},
+		{"query", "[network]\nallow = [\n  \"a.example\",\n  \"x.com/api?x=1\",\n]", []string{`4:3: network.allow[1]: "x.com/api?x=1": a query or fragment is not matched, only the path; write "x.com/api"`}},
 		{"bad port", `network.allow = ["a.example:0"]`, []string{`network.allow[0]: "a.example:0": port 0 is out of range`}},
 		{"star", "[network]\nblock = [\"*\"]", []string{`2:10: network.block[0]: "*": a wildcard alone would match every name`}},
 		{"partial wildcard", `network.block = ["*ads.example"]`, []string{`network.block[0]: "*ads.example": a wildcard must be a whole first label; write *.ads.example`}},

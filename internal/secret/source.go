@@ -61,7 +61,7 @@ func (d *def) sourceName() string {
 // out.
 func (d *def) fail(cause error, format string, args ...any) error {
 	msg := fmt.Sprintf("secret %s: %s ", d.name, d.from) + fmt.Sprintf(format, args...)
-	msg += fmt.Sprintf("; or remove [secrets.%s] from %s", d.name, d.sourceName())
+	msg += fmt.Sprintf(", or remove [secrets.%s] from %s", d.name, d.sourceName())
 	return &sourceError{msg: msg, err: cause}
 }
 
@@ -174,7 +174,7 @@ func (d *def) runCommand(ctx context.Context, cmd string) ([]byte, error) {
 		if errors.As(err, &ee) {
 			// ExitError's text is only the status; its output is never
 			// captured here.
-			return nil, d.fail(nil, "failed (%v); run it on the host to see why (its output is not shown, since it may hold the credential)", ee.ProcessState)
+			return nil, d.fail(nil, "failed (%v; its output is not shown, since it may hold the credential); run it on the host to see why", ee.ProcessState)
 		}
 		return nil, d.fail(err, "could not be run (%v)", err)
 	}
