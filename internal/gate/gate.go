@@ -32,6 +32,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -114,8 +115,15 @@ func New(o Options) *Gate {
 	if o.Policy != nil {
 		g.policy.Store(o.Policy)
 	}
-	if o.Certs != nil {
+	// A typed nil in an interface is not nil: a caller that passes a nil
+	// *tlsca.CA means "no CA", not "a CA that panics".
+	if isNil(o.Credentials) {
+		g.o.Credentials = nil
+	}
+	if !isNil(o.Certs) {
 		g.m = g.newMITM()
+	} else {
+		g.o.Certs = nil
 	}
 	g.dns = NewDNSServer(DNSOptions{
 		Decide:   g.decideDNSName,
@@ -398,4 +406,12 @@ func AllowCommand(sandbox, name string, port uint16) string {
 		entry = fmt.Sprintf("%s:%d", name, port)
 	}
 	return fmt.Sprintf("moat network allow %s %s", sandbox, entry)
+}
+
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	return rv.Kind() == reflect.Pointer && rv.IsNil()
 }

@@ -80,6 +80,16 @@ type Credentials interface {
 	Scrubs() bool
 }
 
+// maxRequests bounds the requests in flight through intercepted
+// connections, across the daemon. Each holds a goroutine or two and
+// buffers on both legs, and HTTP/2 lets one connection carry many: 8192
+// connections times 100 streams would take the daemon's memory with them
+// (ATTACKS 30). 4096 is far above what an agent or a build keeps in
+// flight; beyond it a request is answered 503 with Retry-After.
+const maxRequests = 4096
+
+var requests atomic.Int64
+
 // reasonFronting starts the reason of a request whose Host names another
 // host than the TLS connection's SNI (ATTACKS 11).
 const reasonFronting = "the request names another host than its TLS connection"
@@ -136,8 +146,11 @@ func (g *Gate) newMITM() *mitm {
 	m.server = &http.Server{
 		Handler:           http.HandlerFunc(g.serveIntercepted),
 		ReadHeaderTimeout: guestHeader,
-		IdleTimeout:       guestIdle,
-		MaxHeaderBytes:    1 << 20,
+		// 100 streams a connection (the HTTP/2 default is 250): see
+		// maxRequests.
+		HTTP2:          &http.HTTP2Config{MaxConcurrentStreams: 100},
+		IdleTimeout:    guestIdle,
+		MaxHeaderBytes: 1 << 20,
 		// net/http logs what it cannot serve with the request's URL in
 		// it, and a URL may carry a token in its query: nothing is logged.
 		ErrorLog: discard,
@@ -158,12 +171,15 @@ func (g *Gate) newMITM() *mitm {
 			RootCAs:    g.o.UpstreamRoots,
 			MinVersion: tls.VersionTLS12,
 		},
-		ForceAttemptHTTP2:      true,
-		TLSHandshakeTimeout:    upstreamHandshake,
-		ResponseHeaderTimeout:  upstreamHeaders,
-		ExpectContinueTimeout:  time.Second,
-		MaxIdleConns:           256,
-		MaxIdleConnsPerHost:    32,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   upstreamHandshake,
+		ResponseHeaderTimeout: upstreamHeaders,
+		ExpectContinueTimeout: time.Second,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   32,
+		// Bounds what one host's requests open upstream; more wait for a
+		// connection (as long as their guest waits).
+		MaxConnsPerHost:        256,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 1 << 20,
 		// 64 KiB: a bulk download moves in fewer, larger reads.
@@ -364,15 +380,26 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		rec.DurationMS = g.o.Now().Sub(start).Milliseconds()
 		g.audit(*rec)
 	}
-	refuse := func(reason string) {
+	// refuse answers with the page; byRule says the policy refused this
+	// request (request rules), so the page offers a request rule.
+	refuse := func(reason string, byRule bool) {
 		rec.Verdict, rec.Reason = "deny", reason
-		rf := g.refusalFor(ic.name, ic.port, *rec, true)
+		rf := g.refusalFor(ic.name, ic.port, *rec, byRule)
 		rf.serve(w)
 		done(rf.status)
 	}
 
+	if n := requests.Add(1); n > maxRequests {
+		requests.Add(-1)
+		rec.Verdict, rec.Reason = "deny", "too many requests in flight"
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, "moat: too many requests in flight through the gate; retry", http.StatusServiceUnavailable)
+		done(http.StatusServiceUnavailable)
+		return
+	}
+	defer requests.Add(-1)
 	if host, ok := sameHost(r.Host, ic.name); !ok {
-		refuse(fmt.Sprintf("%s: Host %q, SNI %q", reasonFronting, clip(host, 256), ic.name))
+		refuse(fmt.Sprintf("%s: Host %q, SNI %q", reasonFronting, clip(host, 256), ic.name), false)
 		return
 	}
 	d := g.decideRequest(ic, r)
@@ -382,13 +409,15 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		if d.Rule != nil {
 			reason = "blocked by rule"
 		}
-		refuse(reason)
+		refuse(reason, ic.inspect)
 		return
 	}
 	if creds != nil {
 		applied, err := creds.Request(ic.name, r.Header, r.URL)
 		if err != nil {
-			refuse(creds.ScrubString(err.Error()))
+			// The rule that allowed the host did not decide this.
+			rec.Rule, rec.Layer = "", ""
+			refuse(creds.ScrubString(err.Error()), false)
 			return
 		}
 		rec.Transforms = applied

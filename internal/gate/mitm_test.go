@@ -905,3 +905,16 @@ func TestPlainHTTPToBoundOrRuledHost(t *testing.T) {
 		t.Errorf("audit = %+v", recs)
 	}
 }
+
+// What the daemon passes in satisfies what the gate consumes.
+var (
+	_ Certs       = (*tlsca.CA)(nil)
+	_ Credentials = (*secret.Set)(nil)
+)
+
+func TestTypedNilsMeanNone(t *testing.T) {
+	g := New(Options{Certs: (*tlsca.CA)(nil), Credentials: (*secret.Set)(nil)})
+	if g.m != nil || g.o.Certs != nil || g.o.Credentials != nil {
+		t.Fatal("a nil CA or secret set was taken for a real one")
+	}
+}
