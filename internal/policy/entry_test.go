@@ -2,8 +2,8 @@ package policy
 
 import (
 	"errors"
-	"reflect"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 )

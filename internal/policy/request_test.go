@@ -228,7 +228,7 @@ func TestRequestPathBypass(t *testing.T) {
 		{"b.example", "GET", "/ADMIN", no, block, LayerUser},
 		{"b.example", "GET", "/admin%2F..", no, block, LayerUser},
 		{"b.example", "GET", "/admin?x=1", no, block, LayerUser},
-		{"b.example", "GET", "/adm%zzin", no, block, LayerUser},   // unreadable: blocks with a path match it
+		{"b.example", "GET", "/adm%zzin", no, block, LayerUser},     // unreadable: blocks with a path match it
 		{"b.example", "GET", "/%zz/../admin", no, block, LayerUser}, // (and the loose reading sees /admin)
 		{"b.example", "GET", "/public/x", yes, "b.example", LayerUser},
 		{"b.example", "GET", "/administrator", no, block, LayerUser},
