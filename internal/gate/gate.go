@@ -16,6 +16,12 @@
 //     TLS is decided by its SNI and dialed at what the host resolves for it;
 //     plain HTTP by its Host header; other ports by the name bound to the
 //     address the guest dialed.
+//   - TLS interception (mitm.go): only where reading the requests is
+//     needed (a bound secret, method/path rules, inspect = true) the gate
+//     terminates TLS with a leaf from the sandbox's CA and carries each
+//     request itself, decided and audited one by one; the rest is spliced.
+//   - Refusals (refuse.go): a page an agent can read, over plain HTTP and,
+//     with the CA, over HTTPS.
 //   - Address classes (dial.go): loopback, private, link-local, metadata and
 //     the host's own addresses are refused after resolution and again at
 //     dial time, unless an explicit address rule opens them.

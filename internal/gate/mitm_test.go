@@ -599,35 +599,50 @@ func TestDeniedSNIWithoutCAGetsAnAlert(t *testing.T) {
 	f.done(t, c)
 }
 
-// BenchmarkDownload moves SIZE bytes (256 MiB) through each path in the
-// same run: direct to the upstream, through the gate spliced, and through
-// the gate intercepted (HTTP/2 to the guest and to the upstream).
+// BenchmarkDownload moves 256 MiB through each path in the same run:
+// direct to the upstream, through the gate spliced, through the gate
+// intercepted (the guest speaking HTTP/2 or HTTP/1.1; the upstream leg is
+// HTTP/2), and intercepted for a host a secret is bound to, whose answer
+// is scrubbed as it streams.
 func BenchmarkDownload(b *testing.B) {
 	const size = 256 << 20
 	f := newMITMFixture(b, []string{"api.test"}, nil)
-	inspectAll := New(f.g.o)
-	inspectAll.o.Inspect = true
+	o := f.g.o
+	o.Inspect = true
+	inspectAll := New(o)
+	o.Credentials = testSecrets(b, false)
+	bound := New(o)
+	via := func(g *Gate) func() (net.Conn, error) {
+		return func() (net.Conn, error) { return dialGate(g, "198.51.100.66:443") }
+	}
 	for _, tc := range []struct {
 		name string
 		dial func() (net.Conn, error)
-		host string
 		root *x509.CertPool
+		h1   bool
 	}{
-		{"direct", func() (net.Conn, error) { return net.Dial("tcp", f.up.addr+":443") }, "api.test", f.up.roots},
-		{"spliced", func() (net.Conn, error) { return f.dial("198.51.100.66:443") }, "api.test", f.up.roots},
-		{"intercepted", func() (net.Conn, error) { return dialGate(inspectAll, "198.51.100.66:443") }, "api.test", f.roots},
+		{"direct", func() (net.Conn, error) { return net.Dial("tcp", f.up.addr+":443") }, f.up.roots, false},
+		{"spliced", via(f.g), f.up.roots, false},
+		{"intercepted", via(inspectAll), f.roots, false},
+		{"intercepted-h1", via(inspectAll), f.roots, true},
+		{"intercepted-scrubbed", via(bound), f.roots, false},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			tr := &http.Transport{
-				DialContext:       func(context.Context, string, string) (net.Conn, error) { return tc.dial() },
-				TLSClientConfig:   &tls.Config{RootCAs: tc.root},
-				ForceAttemptHTTP2: true,
+				DialContext:        func(context.Context, string, string) (net.Conn, error) { return tc.dial() },
+				TLSClientConfig:    &tls.Config{RootCAs: tc.root},
+				ForceAttemptHTTP2:  true,
+				DisableCompression: true,
+			}
+			if tc.h1 {
+				tr.Protocols = new(http.Protocols)
+				tr.Protocols.SetHTTP1(true)
 			}
 			defer tr.CloseIdleConnections()
 			c := &http.Client{Transport: tr}
 			b.SetBytes(size)
 			for b.Loop() {
-				resp, err := c.Get("https://" + tc.host + "/download?len=1&n=" + strconv.Itoa(size))
+				resp, err := c.Get("https://api.test/download?len=1&n=" + strconv.Itoa(size))
 				if err != nil {
 					b.Fatal(err)
 				}
