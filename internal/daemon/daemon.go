@@ -30,6 +30,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
@@ -37,6 +38,7 @@ import (
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
+	"moat.dev/moat/internal/tlsca"
 )
 
 // ReadyFD is the fd on which a daemon started by the CLI reports "ok" or the
@@ -57,6 +59,9 @@ type Options struct {
 	Ready    io.WriteCloser // may be nil
 	ImageRef string
 	Network  NetworkOptions
+	// Secrets are the configuration's [secrets]; the values are read on
+	// the host at start and held in memory only.
+	Secrets map[string]config.Secret
 }
 
 type daemon struct {
@@ -65,6 +70,8 @@ type daemon struct {
 	stack    *netstack.Stack
 	net      *network
 	proxy    *session.Proxy // every session's way to the guest agent
+	ca       *tlsca.CA      // mints the leaves of intercepted hosts
+	creds    *credentials   // the secrets, swapped whole when a preset adds some
 	sessions atomic.Int64
 	shimPID  atomic.Int64
 	started  time.Time
@@ -197,9 +204,20 @@ func (d *daemon) run() error {
 // prepare writes the guest's files and clears what a crashed run left.
 func (d *daemon) prepare() error {
 	guestDir := d.o.Plan.GuestDir
-	if err := os.MkdirAll(guestDir, 0o700); err != nil {
+	// 0755: the guest's agent user reads ca.pem (NODE_EXTRA_CA_CERTS)
+	// and guest.json through /.moat; the host key inside stays 0600, and
+	// on the host the sandbox's state dir (0700) keeps everyone else out.
+	if err := os.MkdirAll(guestDir, 0o755); err != nil {
 		return fmt.Errorf("creating guest dir: %w", err)
 	}
+	if err := os.Chmod(guestDir, 0o755); err != nil {
+		return fmt.Errorf("creating guest dir: %w", err)
+	}
+	ca, creds, err := d.startCredentials(context.Background())
+	if err != nil {
+		return err
+	}
+	d.ca, d.creds = ca, creds
 	b, err := json.MarshalIndent(d.o.Guest, "", "  ")
 	if err != nil {
 		return err
@@ -373,6 +391,7 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("GET /v1/network/rules", d.handleRules)
 	mux.HandleFunc("POST /v1/network/rules", d.handleChangeRules)
 	mux.HandleFunc("GET /v1/network/denials", d.handleDenials)
+	mux.HandleFunc("POST /v1/presets", d.handlePreset)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return ln, srv, nil

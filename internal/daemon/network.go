@@ -23,6 +23,7 @@ import (
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/gate"
 	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/state"
 )
 
@@ -93,6 +94,27 @@ func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discover
 		}
 	}
 	return out, nil
+}
+
+// PresetRules are the hosts of the agent presets used in the sandbox, as
+// the preset layer: above the named policies, so `use = ["none"]` does
+// not take an agent's API away, and below the user's and the project's
+// files, so either can block what a preset allows.
+func PresetRules(presets []string) []policy.Rule {
+	var out []policy.Rule
+	for _, name := range presets {
+		p, err := preset.Lookup(name)
+		if err != nil {
+			continue // a preset this moat no longer knows
+		}
+		rs, err := policy.FromEntries(p.Hosts, policy.Allow, policy.LayerPreset, "preset "+name)
+		if err != nil {
+			// The presets' entries are tested (preset.TestPresetsAreValid).
+			panic(fmt.Sprintf("preset %s: %v", name, err))
+		}
+		out = append(out, rs...)
+	}
+	return out
 }
 
 // ApplyRuleChange changes the runtime layer: allow and block add entries
@@ -172,15 +194,24 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		al.Close()
 		return nil, err
 	}
+	roots, err := upstreamRoots(o.Config.Trust)
+	if err != nil {
+		al.Close()
+		return nil, err
+	}
 	n.res = gate.NewResolver(gate.ResolverOptions{Servers: servers})
 	n.gate = gate.New(gate.Options{
-		Sandbox:   filepath.Base(d.o.Dir),
-		Policy:    p,
-		Resolver:  n.res,
-		HostAddrs: gate.HostAddrs,
-		Audit:     al,
-		Ledger:    n.ledger,
-		Log:       d.log.With("component", "gate"),
+		Certs:         d.ca,
+		Credentials:   d.creds,
+		Inspect:       o.Config.Inspect,
+		UpstreamRoots: roots,
+		Sandbox:       filepath.Base(d.o.Dir),
+		Policy:        p,
+		Resolver:      n.res,
+		HostAddrs:     gate.HostAddrs,
+		Audit:         al,
+		Ledger:        n.ledger,
+		Log:           d.log.With("component", "gate"),
 	})
 	if o.DiscoverHost {
 		// The host's tools are asked once the sandbox runs, off the start
@@ -211,6 +242,9 @@ func (n *network) compile() (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
+	rules = append(rules, PresetRules(rec.Presets)...)
+	// Lowest layer first, as `moat network list` shows them.
+	slices.SortStableFunc(rules, func(a, b policy.Rule) int { return int(a.Layer) - int(b.Layer) })
 	return policy.Compile(rules), nil
 }
 

@@ -1,0 +1,215 @@
+package daemon
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/preset"
+	"moat.dev/moat/internal/secret"
+	"moat.dev/moat/internal/state"
+	"moat.dev/moat/internal/tlsca"
+)
+
+// secretsTimeout bounds reading every secret at start: a `command:` source
+// that hangs (a password manager waiting for a touch) must not hold the
+// sandbox's start forever.
+const secretsTimeout = 30 * time.Second
+
+// credentials is the gate's view of the sandbox's secrets. A preset added
+// while the sandbox runs brings new secrets, and a secret.Set's list is
+// fixed when it is resolved, so the daemon resolves a new Set and swaps it
+// in whole; requests in flight finish with the one they started with.
+type credentials struct {
+	cur atomic.Pointer[secret.Set]
+
+	// mu serialises changes (two presets added at once); cfg is the
+	// configuration's own secrets, guarded by mu.
+	mu  sync.Mutex
+	cfg map[string]config.Secret
+}
+
+var _ gate.Credentials = (*credentials)(nil)
+
+func (c *credentials) set() *secret.Set { return c.cur.Load() }
+
+func (c *credentials) Bound(host string) bool { return c.set().Bound(host) }
+func (c *credentials) Request(host string, h http.Header, u *url.URL) (secret.Applied, error) {
+	return c.set().Request(host, h, u)
+}
+func (c *credentials) ScrubHeader(h http.Header)               { c.set().ScrubHeader(h) }
+func (c *credentials) ScrubBody(b io.ReadCloser) io.ReadCloser { return c.set().ScrubBody(b) }
+func (c *credentials) ScrubString(s string) string             { return c.set().ScrubString(s) }
+func (c *credentials) Scrubs() bool                            { return c.set().Scrubs() }
+
+// wanted is every secret the sandbox uses: the configuration's, then each
+// preset's credentials whose variable lookupEnv has (a preset's
+// credentials are alternatives, an API key or an OAuth token, so a missing
+// one is skipped; a secret the configuration names is required). The
+// configuration wins a name both define: the user chose its hosts.
+func wanted(cfg map[string]config.Secret, presets []string, lookupEnv func(string) (string, bool)) map[string]config.Secret {
+	out := maps.Clone(cfg)
+	if out == nil {
+		out = map[string]config.Secret{}
+	}
+	for _, name := range presets {
+		p, err := preset.Lookup(name)
+		if err != nil {
+			continue // a preset this moat no longer knows: its rules are gone too
+		}
+		for _, s := range p.Secrets {
+			if _, ok := out[s.Env]; ok {
+				continue
+			}
+			if v, ok := lookupEnv(s.Env); !ok || v == "" {
+				continue
+			}
+			out[s.Env] = config.Secret{Name: s.Env, From: "env:" + s.Env, Hosts: s.Hosts, Source: "preset " + name}
+		}
+	}
+	return out
+}
+
+// startCredentials creates or loads the sandbox CA, reads the secrets and
+// adds what the guest needs to its spec: the CA's path (init installs it
+// in the system stores) and the placeholders in every session's
+// environment. A secret that cannot be read stops the start: a sandbox
+// without the credential its configuration names would fail in ways that
+// are harder to understand than this error.
+func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials, error) {
+	ca, err := tlsca.LoadOrCreate(d.o.Dir)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading the sandbox CA: %w", err)
+	}
+	if err := state.WriteAtomic(filepath.Join(d.o.Plan.GuestDir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
+		return nil, nil, fmt.Errorf("writing the CA for the guest: %w", err)
+	}
+	d.o.Guest.CAFile = guestspec.CAFile
+
+	rec, err := state.Load(d.o.Dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	creds := &credentials{cfg: d.o.Secrets}
+	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
+	defer cancel()
+	set, err := secret.ResolveWith(rctx, wanted(d.o.Secrets, rec.Presets, os.LookupEnv), os.LookupEnv, rec.Placeholders)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading secrets on the host: %w", err)
+	}
+	creds.cur.Store(set)
+	if err := d.keepPlaceholders(set); err != nil {
+		return nil, nil, err
+	}
+	d.o.Guest.Env = append(d.o.Guest.Env, set.Env()...)
+	return ca, creds, nil
+}
+
+// keepPlaceholders stores the placeholders in the record, so the next
+// start hands out the same ones and the CLI can put them in sessions.
+func (d *daemon) keepPlaceholders(set *secret.Set) error {
+	ph := set.Placeholders()
+	return state.Update(d.o.Dir, func(r *state.Record) error {
+		r.Placeholders = ph
+		return nil
+	})
+}
+
+// upstreamRoots is what intercepted upstreams are verified against: the
+// host's roots plus the files of `[network] trust`. A trust file that
+// cannot be read stops the start, like a policy that does not parse.
+func upstreamRoots(files []string) (*x509.CertPool, error) {
+	pool, err := x509.SystemCertPool()
+	if err != nil || pool == nil {
+		pool = x509.NewCertPool()
+	}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("network.trust: reading %s: %w", f, err)
+		}
+		if !pool.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("network.trust: %s holds no PEM certificate; give a file of \"-----BEGIN CERTIFICATE-----\" blocks", f)
+		}
+	}
+	return pool, nil
+}
+
+// handlePreset adds a preset to the running sandbox: its hosts as the
+// preset layer, its credentials (values from the CLI's environment first,
+// then the daemon's own) as secrets. The record keeps the preset, so every
+// later start adds it again.
+func (d *daemon) handlePreset(w http.ResponseWriter, r *http.Request) {
+	var req control.PresetRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "reading the request: " + err.Error()})
+		return
+	}
+	if _, err := preset.Lookup(req.Name); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	ph, err := d.addPreset(r.Context(), req.Name, req.Env)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, control.PresetAnswer{Schema: control.Schema, Placeholders: ph})
+}
+
+func (d *daemon) addPreset(ctx context.Context, name string, env map[string]string) (map[string]string, error) {
+	c := d.creds
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var presets []string
+	if err := state.Update(d.o.Dir, func(r *state.Record) error {
+		if !slices.Contains(r.Presets, name) {
+			r.Presets = append(r.Presets, name)
+		}
+		presets = r.Presets
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if err := d.net.recompile(); err != nil {
+		return nil, fmt.Errorf("adding the preset's hosts: %w", err)
+	}
+	lookup := func(k string) (string, bool) {
+		if v, ok := env[k]; ok && v != "" {
+			return v, true
+		}
+		return os.LookupEnv(k)
+	}
+	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
+	defer cancel()
+	old := c.set()
+	set, err := secret.ResolveWith(rctx, wanted(c.cfg, presets, lookup), lookup, old.Placeholders())
+	if err != nil {
+		var ue interface{ Unwrap() []error }
+		if errors.As(err, &ue) {
+			err = errors.Join(ue.Unwrap()...)
+		}
+		return nil, fmt.Errorf("reading secrets on the host: %w", err)
+	}
+	c.cur.Store(set)
+	if err := d.keepPlaceholders(set); err != nil {
+		return nil, err
+	}
+	return set.Placeholders(), nil
+}
