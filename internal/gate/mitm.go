@@ -550,6 +550,12 @@ func (g *Gate) upstreamFailed(w http.ResponseWriter, r *http.Request, err error)
 	if rs != nil {
 		rs.rec.Reason = "upstream: " + msg
 		rs.rec.Verdict = "allow"
+		var de *dialError
+		if errors.As(err, &de) && de.refusedClass != "" {
+			// As for a spliced flow: every address in a refused class
+			// (rebinding to a private address) is a denial, not an outage.
+			rs.rec.Verdict = "deny"
+		}
 	}
 	if r.Context().Err() != nil {
 		// The guest went away; there is nobody to answer.

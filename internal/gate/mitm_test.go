@@ -589,6 +589,24 @@ func TestDeniedSNIGetsThePageOverTLS(t *testing.T) {
 	}
 }
 
+func TestInterceptedNameRebindingToPrivateIsRefused(t *testing.T) {
+	// The upstream leg dials like a spliced flow: an allowed name that
+	// resolves to a private address gets nothing (ATTACKS 16, 18–20).
+	f := newMITMFixture(t, []string{"rebind.test"}, func(o *Options) { o.Inspect = true })
+	f.dns.mu.Lock()
+	f.dns.a["rebind.test"] = "10.1.2.3"
+	f.dns.mu.Unlock()
+	c := f.client(t, true, f.roots)
+	resp, body := get(t, c, "https://rebind.test/echo")
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "refused class") {
+		t.Fatalf("got %d %q", resp.StatusCode, body)
+	}
+	reqs := byProto(f.done(t, c), "http")
+	if len(reqs) != 1 || reqs[0].Verdict != "deny" || reqs[0].Status != http.StatusBadGateway {
+		t.Fatalf("request records %+v", reqs)
+	}
+}
+
 func TestDeniedSNIWithoutCAGetsAnAlert(t *testing.T) {
 	f := newMITMFixture(t, []string{"api.test"}, func(o *Options) { o.Certs = nil })
 	c := f.client(t, false, f.roots)
