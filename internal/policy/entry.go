@@ -78,6 +78,11 @@ func ParseEntry(s string) (Rule, error) {
 	fields := strings.Fields(s)
 	switch len(fields) {
 	case 1:
+		if methodsAlone(s) {
+			// A shell splits `moat network allow NAME GET x.com/*` in
+			// two entries; taken apart, "x.com/*" would allow every method.
+			return r, entryErr(s, "HTTP methods, not a host; a request rule is one entry: the methods, a space, the name and any path, e.g. \"%s example.com/path\" (quoted in a shell)", s)
+		}
 		return parseTarget(r, s, s)
 	case 2:
 		methods, err := parseMethods(s, fields[0], fields[1])
@@ -117,6 +122,27 @@ var httpMethods = map[string]bool{
 	"ORDERPATCH": true, "PROPFIND": true, "PROPPATCH": true, "REBIND": true, "REPORT": true,
 	"SEARCH": true, "UNBIND": true, "UNCHECKOUT": true, "UNLINK": true, "UNLOCK": true,
 	"UPDATE": true, "UPDATEREDIRECTREF": true, "VERSION-CONTROL": true,
+}
+
+// commonMethods are the method words refused as an entry of their own
+// (see methodsAlone). Rarer methods (COPY, LOCK, SEARCH, ...) stay valid
+// single-label host names.
+var commonMethods = map[string]bool{
+	"GET": true, "HEAD": true, "POST": true, "PUT": true, "DELETE": true, "PATCH": true,
+	"OPTIONS": true, "CONNECT": true, "TRACE": true, "READ": true,
+}
+
+// methodsAlone reports whether s, an entry without white space, is only
+// a list of methods: several, or one common one.
+func methodsAlone(s string) bool {
+	toks := strings.Split(s, ",")
+	for _, tok := range toks {
+		u := strings.ToUpper(tok)
+		if !commonMethods[u] && (len(toks) == 1 || !httpMethods[u]) {
+			return false
+		}
+	}
+	return true
 }
 
 // readMethods are what "read" stands for: the methods that do not

@@ -25,6 +25,8 @@ func TestParseEntry(t *testing.T) {
 		{"example.com:65535", Rule{Name: "example.com", Port: 65535}},
 		{"example.com:1", Rule{Name: "example.com", Port: 1}},
 		{"localhost", Rule{Name: "localhost"}},
+		{"search", Rule{Name: "search"}}, // a rare method, a plausible host
+		{"getter", Rule{Name: "getter"}},
 		{"a", Rule{Name: "a"}},
 		{"*.com", Rule{Name: "com", Wildcard: true}},
 		{"_dmarc.example.com", Rule{Name: "_dmarc.example.com"}},
@@ -208,6 +210,10 @@ func TestParseEntryErrors(t *testing.T) {
 		{"GET */a", []string{"a wildcard alone"}},
 		{"GET https://x.com/a", []string{"a URL, not a rule; write x.com"}},
 		{"GET user@x.com/a", []string{"user info is not part of a rule", "write x.com"}},
+		{"GET", []string{`"GET": HTTP methods, not a host`, `"GET example.com/path" (quoted in a shell)`}},
+		{"read", []string{"HTTP methods, not a host"}},
+		{"GET,HEAD", []string{"HTTP methods, not a host"}},
+		{"get,propfind", []string{"HTTP methods, not a host"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

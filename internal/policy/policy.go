@@ -35,14 +35,18 @@
 // requests decided one by one; when it is false every request on the
 // connection would get the connection's verdict, so the gate may splice.
 //
-// Inside a layer, request decisions rank rules by name specificity first
-// (exact, then deeper wildcards, then a port), then path (a longer literal
-// prefix before the first "*", and an exact path over a glob with the
-// same prefix, and any path over none), then a method list over any
-// method; a block wins an exact tie. A restricting allow counts as a
-// block of its name that matches no path, so a bare allow of the same
-// name outranks it and a more specific request rule of either kind beats
-// it.
+// Inside a layer a request is decided by the most specific rule that
+// matches it, compared by name (exact over wildcard, deeper wildcard over
+// shallower), then port (a rule with one over one without), then path (a
+// longer literal prefix before the first "*"; an exact path over a glob
+// with the same prefix; no path last), then methods (a list over any
+// method); a block wins an exact tie. The restriction an allow request
+// rule puts on its name ranks as a block of that name and port below
+// every path: a bare allow of the same name and port outranks it (the
+// request rule then adds nothing), a wildcard allow does not, and a
+// request rule of the same name that matches always does. When the
+// restriction decides, the Decision names the restricting allow rule:
+// it is what the refusal page should show as the way in.
 //
 // Paths are matched after normalization (see NormalizePath), and twice:
 // once as written by the usual rules (RFC 3986), once read as loosely as
@@ -50,7 +54,8 @@
 // path parameters dropped, case folded, trailing slash dropped). A
 // request is allowed only if both readings allow it, so an encoded slash,
 // an encoded percent or odd case can make a block match but never widen
-// an allow.
+// an allow. A path that cannot be read at all (a bad escape) is matched
+// only by rules without a path, and by blocks.
 //
 // Everything here is free of I/O except discover.go, which reads package
 // manager configuration to find the mirrors a sandbox needs.
