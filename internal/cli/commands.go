@@ -73,6 +73,7 @@ func sessionDir(ws string) string {
 
 func newRunCmd() *cobra.Command {
 	var name string
+	var trust bool
 	c := &cobra.Command{
 		Use:   "run [--name N] [PRESET] [-- command or arguments...]",
 		Short: "Run a command or a coding agent in this directory's sandbox, creating and starting it if needed",
@@ -100,6 +101,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 			if err != nil {
 				return err
 			}
+			e.trustProject = trust
 			dir, rec, err := e.forCwd(name)
 			if err != nil {
 				return err
@@ -121,6 +123,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 		},
 	}
 	c.Flags().StringVar(&name, "name", "", "sandbox name (default: from moat.toml or the directory)")
+	c.Flags().BoolVar(&trust, "trust-project", false, "accept the secrets and trusted roots the project's moat.toml asks for (asked on a terminal otherwise)")
 	return c
 }
 
@@ -231,7 +234,7 @@ func newExecCmd() *cobra.Command {
 }
 
 func newUpCmd() *cobra.Command {
-	var fresh bool
+	var fresh, trust bool
 	var name string
 	c := &cobra.Command{
 		Use:   "up [NAME]",
@@ -242,6 +245,7 @@ func newUpCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			e.trustProject = trust
 			var dir string
 			if len(args) == 1 {
 				dir, _, err = e.byName(args[0])
@@ -268,6 +272,7 @@ func newUpCmd() *cobra.Command {
 			return nil
 		},
 	}
+	c.Flags().BoolVar(&trust, "trust-project", false, "accept the secrets and trusted roots the project's moat.toml asks for (asked on a terminal otherwise)")
 	c.Flags().BoolVar(&fresh, "fresh", false, "discard the sandbox's writable layer first")
 	c.Flags().StringVar(&name, "name", "", "sandbox name when creating")
 	return c

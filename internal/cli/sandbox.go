@@ -31,6 +31,9 @@ type env struct {
 	dirs  state.Dirs
 	exe   string // this binary
 	runsc string
+	// trustProject accepts what a project file asks for beyond the
+	// sandbox (secrets, trusted roots) without asking: --trust-project.
+	trustProject bool
 }
 
 // errNeedRoot explains why moat needs root and what to type instead.
@@ -163,6 +166,9 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	cfg, err := config.Load(e.dirs.UserConfig(), filepath.Join(ws, "moat.toml"))
 	if err != nil {
 		return "", nil, withCode(ExitUsage, err)
+	}
+	if err := e.consent(cfg); err != nil {
+		return "", nil, err
 	}
 	if name == "" {
 		name = cfg.Sandbox.Name
