@@ -30,6 +30,7 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 		out = append(out, fmt.Sprintf("%s: secret %s reads %s on the host and sends it to %s",
 			s.Source, s.Name, s.From, strings.Join(s.Hosts, ", ")))
 	}
+	sort.Strings(out) // secrets first, by file and name; then roots in file order
 	for _, l := range cfg.Network.Layers {
 		if l.Source == userConfig || len(l.Trust) == 0 {
 			continue
@@ -37,7 +38,6 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 		out = append(out, fmt.Sprintf("%s: network.trust makes the gate accept upstream certificates signed by %s",
 			l.Source, strings.Join(l.Trust, ", ")))
 	}
-	sort.Strings(out)
 	return out
 }
 
