@@ -396,7 +396,7 @@ func pathRaw(c byte) bool {
 // no trailing "/" is left at all, and path parameters (";..." to the
 // end of a segment, which some servers drop) are cut off first.
 func resolve(p string, loose bool) string {
-	if !strings.Contains(p, "//") && !strings.Contains(p, "/.") && (!loose || !strings.Contains(p, ";") && (len(p) == 1 || p[len(p)-1] != '/')) {
+	if resolved(p, loose) {
 		return p // the common case: nothing to do, no allocation
 	}
 	segs := strings.Split(p[1:], "/")
@@ -425,6 +425,15 @@ func resolve(p string, loose bool) string {
 		r += "/"
 	}
 	return r
+}
+
+// resolved reports whether resolve would return p unchanged, or nearly:
+// "/." also catches harmless names like "/.well-known".
+func resolved(p string, loose bool) bool {
+	if strings.Contains(p, "//") || strings.Contains(p, "/.") {
+		return false
+	}
+	return !loose || !strings.Contains(p, ";") && (p == "/" || !strings.HasSuffix(p, "/"))
 }
 
 // maxDecode bounds how many times the loose reading decodes a path: a
