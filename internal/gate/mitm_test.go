@@ -446,26 +446,52 @@ func TestInterceptStreamsLargeBodies(t *testing.T) {
 }
 
 func TestInterceptFlushesServerSentEvents(t *testing.T) {
-	f := newMITMFixture(t, []string{"api.test"}, func(o *Options) { o.Inspect = true })
-	for _, h2 := range []bool{false, true} {
-		c := f.client(t, h2, f.roots)
-		resp, err := c.Get("https://api.test/sse")
+	// api.test is bound to a secret: its answers are scrubbed as they
+	// stream, and scrubbing must not hold an event back either.
+	f := newMITMFixture(t, []string{"api.test", "open.test"}, func(o *Options) {
+		o.Inspect = true
+		o.Credentials = testSecrets(t, false)
+	})
+	for _, tc := range []struct {
+		host string
+		h2   bool
+	}{{"open.test", false}, {"open.test", true}, {"api.test", false}, {"api.test", true}} {
+		c := f.client(t, tc.h2, f.roots)
+		resp, err := c.Get("https://" + tc.host + "/sse")
 		if err != nil {
 			t.Fatal(err)
 		}
 		// The upstream holds event i+1 back until the test has read event
-		// i: a gate that buffered the stream would stall it for good.
-		br := bufio.NewReader(resp.Body)
+		// i: a gate that buffered the stream would stall it, and the
+		// event would not arrive in time.
+		lines := make(chan string)
+		go func() {
+			defer close(lines)
+			br := bufio.NewReader(resp.Body)
+			for {
+				l, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if l != "\n" {
+					lines <- l
+				}
+			}
+		}()
 		for i := range 3 {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				t.Fatalf("h2=%v event %d: %v", h2, i, err)
+			select {
+			case line := <-lines:
+				if want := fmt.Sprintf("data: event %d\n", i); line != want {
+					t.Fatalf("%s h2=%v: got %q, want %q", tc.host, tc.h2, line, want)
+				}
+			case <-time.After(3 * time.Second):
+				t.Fatalf("%s h2=%v: event %d held back by the gate", tc.host, tc.h2, i)
 			}
-			if want := fmt.Sprintf("data: event %d\n", i); line != want {
-				t.Fatalf("h2=%v got %q, want %q", h2, line, want)
+			select {
+			case f.up.sse <- struct{}{}:
+			case <-time.After(3 * time.Second):
+				t.Fatalf("%s h2=%v: the upstream stopped waiting", tc.host, tc.h2)
 			}
-			br.ReadString('\n')
-			f.up.sse <- struct{}{}
 		}
 		resp.Body.Close()
 		c.CloseIdleConnections()
