@@ -47,6 +47,8 @@ type upstream struct {
 	// sse paces the event stream: the upstream sends event i+1 only once
 	// the test has read event i.
 	sse chan struct{}
+	// got carries the first bytes of a trickled upload.
+	got chan string
 }
 
 func (u *upstream) lastAuth() []string {
@@ -61,7 +63,7 @@ func startUpstream(t testing.TB) *upstream {
 	if err != nil {
 		t.Fatal(err)
 	}
-	u := &upstream{addr: loopback(), ca: ca, roots: x509.NewCertPool(), sse: make(chan struct{})}
+	u := &upstream{addr: loopback(), ca: ca, roots: x509.NewCertPool(), sse: make(chan struct{}), got: make(chan string)}
 	u.roots.AddCert(ca.Cert())
 	mux := http.NewServeMux()
 	mux.HandleFunc("/echo", func(w http.ResponseWriter, r *http.Request) {
@@ -107,6 +109,19 @@ func startUpstream(t testing.TB) *upstream {
 				return // the test never saw the event: it will fail
 			}
 		}
+	})
+	mux.HandleFunc("/trickle", func(w http.ResponseWriter, r *http.Request) {
+		// Reports the first bytes of the upload as soon as they arrive.
+		b := make([]byte, 5)
+		if _, err := io.ReadFull(r.Body, b); err != nil {
+			return
+		}
+		select {
+		case u.got <- string(b):
+		case <-time.After(5 * time.Second):
+		}
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d", n+5)
 	})
 	mux.HandleFunc("/ws", wsEcho)
 	s := httptest.NewUnstartedServer(mux)
@@ -443,6 +458,47 @@ func TestInterceptStreamsLargeBodies(t *testing.T) {
 	if up != 2*size || down < 4*size {
 		t.Errorf("audited %d bytes up, %d down; want %d and at least %d", up, down, 2*size, 4*size)
 	}
+}
+
+func TestInterceptStreamsAnUploadAsItIsSent(t *testing.T) {
+	// The first bytes of an upload reach the host while the guest still
+	// holds the rest back: the gate forwards, it does not collect.
+	f := newMITMFixture(t, []string{"api.test"}, func(o *Options) { o.Inspect = true })
+	for _, h2 := range []bool{false, true} {
+		c := f.client(t, h2, f.roots)
+		pr, pw := io.Pipe()
+		type result struct {
+			body string
+			err  error
+		}
+		res := make(chan result, 1)
+		go func() {
+			resp, err := c.Post("https://api.test/trickle", "text/plain", pr)
+			if err != nil {
+				res <- result{err: err}
+				return
+			}
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			res <- result{string(b), err}
+		}()
+		io.WriteString(pw, "first")
+		select {
+		case got := <-f.up.got:
+			if got != "first" {
+				t.Fatalf("h2=%v: upstream got %q first", h2, got)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("h2=%v: the first bytes were held back by the gate", h2)
+		}
+		io.WriteString(pw, " and the rest")
+		pw.Close()
+		if r := <-res; r.err != nil || r.body != "18" {
+			t.Fatalf("h2=%v: %q, %v", h2, r.body, r.err)
+		}
+		c.CloseIdleConnections()
+	}
+	f.done(t)
 }
 
 func TestInterceptFlushesServerSentEvents(t *testing.T) {
