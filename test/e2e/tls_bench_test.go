@@ -48,7 +48,7 @@ func TestBenchTLS(t *testing.T) {
 		os.WriteFile(b.ca, n.CA().PEM, 0o644)
 		toml := fmt.Sprintf("[network]\nuse = [\"none\"]\nallow = [\"*.bench.test\"]\ninspect = %v\ntrust = [%q]\n", inspect, b.ca)
 		os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644)
-		if r := moat(t, dir, env, "up", "--name", name); r.code != 0 {
+		if r := moat(t, dir, env, "up", "--trust-project", "--name", name); r.code != 0 {
 			t.Fatalf("moat up %s: %s", name, r.stderr)
 		}
 		return b

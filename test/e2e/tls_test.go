@@ -106,7 +106,13 @@ func newTLSEnv(t *testing.T) *tlsEnv {
 			t.Fatal(err)
 		}
 	}
-	g.up(t)
+	// The project's secrets and trusted root need the user's consent; on no terminal that is
+	// --trust-project at create.
+	start := time.Now()
+	if r := moat(t, g.dir, g.env, "up", "--trust-project"); r.code != 0 {
+		t.Fatalf("moat up --trust-project %s: exit %d\nstdout: %s\nstderr: %s\n%s", g.name, r.code, r.stdout, r.stderr, g.daemonLog())
+	}
+	t.Logf("sandbox %s up in %v", g.name, time.Since(start).Round(time.Millisecond))
 	e.hwmStart = e.daemonHWM(t)
 	return e
 }
@@ -504,7 +510,8 @@ s=$(date +%%s%%N)
 echo "UP=$(curl -sS --max-time 90 -T %s https://up.test/upload 2>&1)"
 m=$(date +%%s%%N)
 echo "DOWN=$(curl -sS --max-time 90 'https://up.test/count?n=%d' | sha256sum | cut -d' ' -f1) $(date +%%s%%N)"
-echo "UPNS=$((m - s)) START=$m"
+echo "UPNS=$((m - s))"
+echo "START=$m"
 `, shQuote(file), streamSize))
 	t.Logf("guest:\n%s (%v)", out, time.Since(start).Round(time.Millisecond))
 	f := fields(out)
@@ -559,8 +566,11 @@ func (e *tlsEnv) testNowhere(t *testing.T) {
 	values := map[string]string{"MOAT_CANARY": e.canary, "MOAT_UPKEY": e.upkey}
 	// On the host: every file under MOAT_HOME and the workspace.
 	for _, root := range []string{moatHome, e.dir} {
-		scanned, hits := scanTree(t, root, values)
-		t.Logf("searched %d MiB under %s", scanned>>20, root)
+		files, scanned, hits := scanTree(t, root, values)
+		t.Logf("searched %d files, %d KiB, under %s", files, scanned>>10, root)
+		if files == 0 {
+			t.Errorf("found no files to search under %s", root)
+		}
 		for _, h := range hits {
 			t.Errorf("LEAK: %s", h)
 		}
@@ -641,12 +651,10 @@ func processTree(root int) []int {
 	return out
 }
 
-// scanTree searches every regular file under root for the values; it returns the bytes read and
-// one line per hit, naming the file and the secret, never the value.
-func scanTree(t *testing.T, root string, values map[string]string) (int64, []string) {
+// scanTree searches every regular file under root for the values; it returns the files and bytes
+// read and one line per hit, naming the file and the secret, never the value.
+func scanTree(t *testing.T, root string, values map[string]string) (files int, total int64, hits []string) {
 	t.Helper()
-	var total int64
-	var hits []string
 	keep := 0
 	for _, v := range values {
 		keep = max(keep, len(v))
@@ -661,6 +669,7 @@ func scanTree(t *testing.T, root string, values map[string]string) (int64, []str
 			return nil
 		}
 		defer f.Close()
+		files++
 		carry := 0
 		found := map[string]bool{}
 		for {
@@ -681,7 +690,7 @@ func scanTree(t *testing.T, root string, values map[string]string) (int64, []str
 		}
 		return nil
 	})
-	return total, hits
+	return files, total, hits
 }
 
 // wsPy is a WebSocket client made of the standard library: an upgrade by hand over the guest's
