@@ -741,8 +741,15 @@ func (g *Gate) plainRequestAllowed(req peek.Request, dst netip.AddrPort, t *tcpT
 		return false
 	}
 	d := p.Request(req.Host, dst.Port(), req.Method, path)
-	g.setDecision(t, req.Host, "host", d)
-	return d.Verdict == policy.Allow
+	t.rec.Rule, t.rec.Layer = ruleOf(d)
+	if d.Verdict == policy.Allow {
+		return true
+	}
+	t.rec.Reason, t.request = "no rule allows it", true
+	if d.Rule != nil {
+		t.rec.Reason = "blocked by rule"
+	}
+	return false
 }
 
 // targetPath is the path of a request target in origin or absolute form,

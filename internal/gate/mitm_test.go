@@ -993,7 +993,10 @@ func TestPlainHTTPToBoundOrRuledHost(t *testing.T) {
 	}{
 		// A bound host gets nothing in the clear (ATTACKS 25).
 		{"GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer x\r\n\r\n", 403, "only sent over TLS"},
-		{"POST /echo HTTP/1.1\r\nHost: rules.test\r\nContent-Length: 0\r\n\r\n", 403, `blocked by project rule "GET rules.test/*"`},
+		{"POST /echo HTTP/1.1\r\nHost: rules.test\r\nContent-Length: 0\r\n\r\n", 403, `rules.test with POST /echo (port 80): blocked by project rule "GET rules.test/*".
+To allow it, run on the host:
+
+    moat network allow sb 'POST rules.test/echo'`},
 		{"GET http://rules.test/echo?q=1 HTTP/1.1\r\nHost: rules.test\r\n\r\n", 200, ""},
 	} {
 		c, err := f.dial("198.51.100.66:80")

@@ -101,7 +101,7 @@ func (g *Gate) refuseHTTP(c net.Conn, req peek.Request, dst netip.AddrPort, t *t
 	if host == "" {
 		host = dst.Addr().String()
 	}
-	g.refusalFor(host, dst.Port(), t.rec, t.dec.Inspect).writeRaw(c, g.o.Now())
+	g.refusalFor(host, dst.Port(), t.rec, t.request).writeRaw(c, g.o.Now())
 }
 
 func reasonText(r audit.Record) string {

@@ -80,6 +80,9 @@ type tcpTrace struct {
 	rec   audit.Record
 	dec   policy.Decision // the name's decision, when a name decided
 	sni   string          // the ClientHello's name, when it had one in the clear
+	// request is set when request rules, not the name, refused a plain
+	// HTTP request: its page offers a request rule.
+	request bool
 }
 
 func (g *Gate) deny(t *tcpTrace) {
