@@ -60,8 +60,11 @@ func newRuleCmd(op string) *cobra.Command {
 An entry is a host name (example.com: exactly that name), a wildcard (*.example.com:
 any subdomain, not example.com itself), either with a port (example.com:22), an IP
 address or a CIDR (10.20.0.0/16). Private, loopback and link-local addresses open only
-through an address rule. A running sandbox applies the change at once.`,
-		Example: fmt.Sprintf("  moat network %s api registry.example.com *.example.org:443", op),
+through an address rule. A request rule puts methods and a path glob on a name
+('GET,HEAD github.com/*', 'read pypi.org'; quote it as one argument): the gate then
+terminates TLS for that host and decides each request. A running sandbox applies the
+change at once.`,
+		Example: fmt.Sprintf("  moat network %s api registry.example.com *.example.org:443\n  moat network %s api 'POST api.example.com/v1/*'", op, op),
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
