@@ -245,7 +245,6 @@ func do(t *testing.T, tr http.RoundTripper, method, url, host string, body io.Re
 	return resp
 }
 
-
 // clientFrame writes a masked client frame, as RFC 6455 requires of clients.
 func clientFrame(w *bufio.Writer, op byte, payload []byte) {
 	hdr := []byte{0x80 | op}
