@@ -59,6 +59,10 @@ func daemonMain(dir string) int {
 		}
 		return ExitError
 	}
+	secretEnv, err := daemon.ReadHandover()
+	if err != nil {
+		return fail(err)
+	}
 	e, err := newEnv()
 	if err != nil {
 		return fail(err)
@@ -121,7 +125,7 @@ func daemonMain(dir string) int {
 		return fail(err)
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
-		Secrets: cfg.Secrets,
+		Secrets: cfg.Secrets, SecretEnv: secretEnv,
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
 			// The host's package repositories always (the host's tools are

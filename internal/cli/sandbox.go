@@ -19,6 +19,7 @@ import (
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/session"
@@ -320,14 +321,30 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	cmd := exec.Command(e.exe, "__daemon", dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	cmd.ExtraFiles = []*os.File{wr}
-	cmd.Env = append(os.Environ(), "MOAT_READY_FD=3", "MOAT_RUNSC="+e.runsc)
+	environ, values, err := secretEnviron(dir)
+	if err != nil {
+		wr.Close()
+		return nil, err
+	}
+	srd, swr, err := os.Pipe()
+	if err != nil {
+		wr.Close()
+		return nil, err
+	}
+	cmd.ExtraFiles = []*os.File{wr, srd}
+	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()
+		srd.Close()
+		swr.Close()
 		return nil, fmt.Errorf("starting daemon: %w", err)
 	}
 	wr.Close()
+	srd.Close()
+	// In a goroutine: values beyond the pipe's buffer would block until
+	// the daemon reads, which it does first thing.
+	go daemon.WriteHandover(swr, values)
 	go cmd.Wait() // reap it if it dies while we wait; it outlives us otherwise
 	var early chan *ssh.Client
 	ctx, cancel := context.WithCancel(context.Background())
@@ -355,6 +372,24 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		return nil, fmt.Errorf("sandbox %q did not start: %s\nsee the daemon log with: moat logs %s", name, msg, name)
 	}
 	return nil, fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
+}
+
+// secretEnviron is the daemon's environment: this one without the
+// variables the sandbox's secrets are read from, whose values go to the
+// daemon on a pipe instead (see daemon.ReadHandover).
+func secretEnviron(dir string) ([]string, map[string]string, error) {
+	rec, err := state.Load(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	var cfg config.Config
+	if len(rec.Config) > 0 {
+		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
+			return nil, nil, fmt.Errorf("reading the configuration snapshot: %w", err)
+		}
+	}
+	rest, values := daemon.SplitEnv(os.Environ(), daemon.SecretVars(cfg.Secrets, rec.Presets))
+	return rest, values, nil
 }
 
 // connectWhileBooting connects to the session proxy of a daemon that is

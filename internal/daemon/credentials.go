@@ -109,7 +109,8 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	creds := &credentials{cfg: d.o.Secrets}
 	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
 	defer cancel()
-	set, err := secret.ResolveWith(rctx, wanted(d.o.Secrets, rec.Presets, os.LookupEnv), os.LookupEnv, rec.Placeholders)
+	lookup := d.lookupEnv(nil)
+	set, err := secret.ResolveWith(rctx, wanted(d.o.Secrets, rec.Presets, lookup), lookup, rec.Placeholders)
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading secrets on the host: %w", err)
 	}
@@ -119,6 +120,19 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	}
 	d.o.Guest.Env = append(d.o.Guest.Env, set.Env()...)
 	return ca, creds, nil
+}
+
+// lookupEnv reads a secret's variable: from extra (a request's values)
+// first, then from what the CLI handed over at start. Never from the
+// daemon's own environment, which the CLI started without them.
+func (d *daemon) lookupEnv(extra map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) {
+		if v, ok := extra[k]; ok && v != "" {
+			return v, true
+		}
+		v, ok := d.o.SecretEnv[k]
+		return v, ok && v != ""
+	}
 }
 
 // keepPlaceholders stores the placeholders in the record, so the next
@@ -190,11 +204,11 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 	if err := d.net.recompile(); err != nil {
 		return nil, fmt.Errorf("adding the preset's hosts: %w", err)
 	}
-	lookup := func(k string) (string, bool) {
-		if v, ok := env[k]; ok && v != "" {
-			return v, true
+	lookup := d.lookupEnv(env)
+	for k, v := range env { // a newly exported or rotated value wins from now on
+		if v != "" {
+			d.o.SecretEnv[k] = v
 		}
-		return os.LookupEnv(k)
 	}
 	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
 	defer cancel()

@@ -62,6 +62,9 @@ type Options struct {
 	// Secrets are the configuration's [secrets]; the values are read on
 	// the host at start and held in memory only.
 	Secrets map[string]config.Secret
+	// SecretEnv are the values of the secrets' variables, handed over by
+	// the CLI on a pipe (see ReadHandover), never in the environment.
+	SecretEnv map[string]string
 }
 
 type daemon struct {
@@ -257,6 +260,10 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 		// whole life, and never unlocks it.
 		goruntime.LockOSThread()
 		cmd := exec.Command(d.o.Moat, "__shim", filepath.Join(d.o.Dir, "shim.json"))
+		// The shim and runsc need nothing of the user's environment, so
+		// they get none of it: whatever the user exported stays out of
+		// processes that live as long as the sandbox.
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.ExtraFiles = []*os.File{theirs}
 		cmd.SysProcAttr = &syscall.SysProcAttr{

@@ -1,0 +1,65 @@
+package daemon
+
+import (
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"testing"
+
+	"moat.dev/moat/internal/config"
+)
+
+func TestSecretVars(t *testing.T) {
+	got := SecretVars(map[string]config.Secret{
+		"A": {From: "env:HOST_A"},
+		"B": {From: "file:/x"},
+		"C": {From: "command:pass c"},
+	}, []string{"claude", "gone"})
+	slices.Sort(got)
+	want := []string{"ANTHROPIC_API_KEY", "CLAUDE_CODE_OAUTH_TOKEN", "HOST_A"}
+	if !slices.Equal(got, want) {
+		t.Fatalf("SecretVars = %q, want %q", got, want)
+	}
+}
+
+func TestSplitEnv(t *testing.T) {
+	rest, vals := SplitEnv([]string{"PATH=/bin", "HOST_A=canary=1", "HOME=/root"}, []string{"HOST_A", "UNSET"})
+	if !slices.Equal(rest, []string{"PATH=/bin", "HOME=/root"}) {
+		t.Errorf("rest = %q", rest)
+	}
+	if len(vals) != 1 || vals["HOST_A"] != "canary=1" {
+		t.Errorf("values = %q", vals)
+	}
+}
+
+// The values cross a real pipe by fd number, as between CLI and daemon.
+func TestHandover(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	big := string(make([]byte, 200<<10)) // beyond a pipe's buffer
+	done := make(chan error, 1)
+	go func() { done <- WriteHandover(w, map[string]string{"K": "v", "BIG": big}) }()
+	t.Setenv(SecretsFDEnv, strconv.Itoa(int(r.Fd())))
+	got, err := ReadHandover() // closes the fd
+	runtime.KeepAlive(r)       // r's finalizer must not close it first
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got["K"] != "v" || len(got["BIG"]) != len(big) {
+		t.Fatalf("ReadHandover = %d values, K=%q", len(got), got["K"])
+	}
+	t.Setenv(SecretsFDEnv, "")
+	if got, err := ReadHandover(); err != nil || len(got) != 0 {
+		t.Fatalf("without a pipe: %v, %v", got, err)
+	}
+	t.Setenv(SecretsFDEnv, "x")
+	if _, err := ReadHandover(); err == nil {
+		t.Fatal("a bad fd number must be an error")
+	}
+}
