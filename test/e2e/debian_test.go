@@ -71,8 +71,10 @@ func TestDebianAptThroughGate(t *testing.T) {
 		if !refused && !forbidden {
 			t.Errorf("curl %s was not denied: exit %d, status %q\nstderr: %s", url, r.code, r.stdout, r.stderr)
 		}
-		if strings.HasPrefix(url, "https:") && r.code == 0 {
-			t.Errorf("curl %s succeeded; a TLS connection to a name no rule allows must fail", url)
+		// Over HTTPS the gate answers with its 403 page too, from the sandbox CA the Debian
+		// image's store now trusts (init installed it); any other success is a leak.
+		if strings.HasPrefix(url, "https:") && r.code == 0 && !forbidden {
+			t.Errorf("curl %s succeeded; a TLS connection to a name no rule allows must fail or get the gate's 403", url)
 		}
 	}
 

@@ -606,16 +606,23 @@ func queryAllowed(q string) bool {
 
 // ---- small checks ---------------------------------------------------------------------------
 
-// refusedPromptly checks a probe that must have failed, and quickly.
+// refusedPromptly checks a probe that must have failed, and quickly. A TLS probe whose
+// answer is the gate's own 403 page (X-Moat-Denied, over TLS from the sandbox CA) was refused
+// too: that is how the gate refuses a name it can terminate TLS for.
 func refusedPromptly(t *testing.T, what string, r probeResult) {
 	t.Helper()
-	if r.OK {
+	if r.OK && !gatePage(r.Data) {
 		t.Errorf("%s: succeeded, want it refused: %v", what, r)
 		return
 	}
 	if r.took() > promptly {
 		t.Errorf("%s: refused only after %v (want < %v): %v", what, r.took().Round(time.Millisecond), promptly, r)
 	}
+}
+
+// gatePage reports whether a probe's data is the gate's refusal page.
+func gatePage(data string) bool {
+	return strings.HasPrefix(data, "HTTP/1.1 403 ") && strings.Contains(data, "X-Moat-Denied:")
 }
 
 // droppedWithin checks a probe whose traffic the gate drops silently: it must fail, and by
