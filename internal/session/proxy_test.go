@@ -181,8 +181,11 @@ func TestProxyClientGoneKillsGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(liveInGroup(t, pid)) < 2 {
-		t.Fatalf("process group %d has %v, want the shell and its sleep", pid, liveInGroup(t, pid))
+	// The shell prints its pid before it forks sleep: wait (bounded) for both.
+	for start := time.Now(); len(liveInGroup(t, pid)) < 2; time.Sleep(10 * time.Millisecond) {
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("process group %d has %v, want the shell and its sleep", pid, liveInGroup(t, pid))
+		}
 	}
 	ours.Close() // the client process is gone
 	deadline := time.Now().Add(2 * time.Second)
