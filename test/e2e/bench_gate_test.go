@@ -90,7 +90,10 @@ func TestBenchGate(t *testing.T) {
 	var pD, pG, pL, pRe []float64
 	var dnsC50, dnsC99, dnsL50, dnsT50, dnsT99, dnsD50, dnsU50, dnsUT50 []float64
 	var rfD50, rfL50, rfP50, rfP99, rfPT50, rfPT99, rfC50, rfCT50, rfCT99 []float64
-	load := func() string { b, _ := os.ReadFile("/proc/loadavg"); return strings.Join(strings.Fields(string(b))[:3], " ") }
+	load := func() string {
+		b, _ := os.ReadFile("/proc/loadavg")
+		return strings.Join(strings.Fields(string(b))[:3], " ")
+	}
 	loadBefore := load()
 	for r := 0; r < rounds; r++ {
 		d := direct("get", "http://198.51.100.10/bytes?n="+bytes, kib)
