@@ -111,7 +111,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 				sessEnv[k] = v
 			}
 			if p != nil {
-				if err := e.usePreset(dir, p, sessEnv); err != nil {
+				if err := e.usePreset(dir, rec, p, sessEnv); err != nil {
 					return err
 				}
 			}
@@ -148,32 +148,38 @@ func presetArgs(args []string, dash int) (*preset.Preset, []string, error) {
 	return p, p.Argv(args[len(words):]), nil
 }
 
-// usePreset records the preset with the sandbox, so that every start adds
-// its hosts and credentials, and adds them now to a running sandbox,
-// handing over the values of its credential variables from this
-// environment (a key exported after the sandbox started, or rotated). It
-// fills env with what the session needs: the secrets' placeholders and
-// the preset's variables.
-func (e *env) usePreset(dir string, p *preset.Preset, env map[string]string) error {
-	if err := state.Update(dir, func(r *state.Record) error {
-		if !slices.Contains(r.Presets, p.Name) {
-			r.Presets = append(r.Presets, p.Name)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
+// usePreset makes the sandbox use the preset: a running sandbox is told
+// through its daemon, which records the preset, adds its hosts and reads
+// its credentials, with the values of its variables from this environment
+// (a key exported after the sandbox started, or rotated); a stopped one
+// gets the preset in its record, which the next start reads. It fills env
+// with what the session needs: the secrets' placeholders and the preset's
+// variables. A recorded preset with no value to hand over needs neither a
+// write nor a request: rec's placeholders are already in env.
+func (e *env) usePreset(dir string, rec *state.Record, p *preset.Preset, env map[string]string) error {
 	for k, v := range p.Env {
 		env[k] = v
 	}
+	recorded := slices.Contains(rec.Presets, p.Name)
 	if !state.DaemonAlive(dir) {
-		return nil // the start reads the record and the environment
+		if recorded {
+			return nil
+		}
+		return state.Update(dir, func(r *state.Record) error {
+			if !slices.Contains(r.Presets, p.Name) {
+				r.Presets = append(r.Presets, p.Name)
+			}
+			return nil
+		})
 	}
 	vals := map[string]string{}
 	for _, s := range p.Secrets {
 		if v, ok := os.LookupEnv(s.Env); ok && v != "" {
 			vals[s.Env] = v
 		}
+	}
+	if recorded && len(vals) == 0 {
+		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()

@@ -1,10 +1,10 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -97,8 +97,12 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the sandbox CA: %w", err)
 	}
-	if err := state.WriteAtomic(filepath.Join(d.o.Plan.GuestDir, "ca.pem"), ca.CertPEM(), 0o644); err != nil {
-		return nil, nil, fmt.Errorf("writing the CA for the guest: %w", err)
+	// Written only when it changed: every write is an fsync on the start path.
+	guestCA := filepath.Join(d.o.Plan.GuestDir, "ca.pem")
+	if old, err := os.ReadFile(guestCA); err != nil || !bytes.Equal(old, ca.CertPEM()) {
+		if err := state.WriteAtomic(guestCA, ca.CertPEM(), 0o644); err != nil {
+			return nil, nil, fmt.Errorf("writing the CA for the guest: %w", err)
+		}
 	}
 	d.o.Guest.CAFile = guestspec.CAFile
 
@@ -115,7 +119,7 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 		return nil, nil, fmt.Errorf("reading secrets on the host: %w", err)
 	}
 	creds.cur.Store(set)
-	if err := d.keepPlaceholders(set); err != nil {
+	if err := d.keepPlaceholders(rec.Placeholders, set); err != nil {
 		return nil, nil, err
 	}
 	d.o.Guest.Env = append(d.o.Guest.Env, set.Env()...)
@@ -136,9 +140,14 @@ func (d *daemon) lookupEnv(extra map[string]string) func(string) (string, bool) 
 }
 
 // keepPlaceholders stores the placeholders in the record, so the next
-// start hands out the same ones and the CLI can put them in sessions.
-func (d *daemon) keepPlaceholders(set *secret.Set) error {
+// start hands out the same ones and the CLI can put them in sessions. The
+// record is written only when they differ from old, what it holds: on an
+// ordinary start they do not, and the write is an fsync.
+func (d *daemon) keepPlaceholders(old map[string]string, set *secret.Set) error {
 	ph := set.Placeholders()
+	if maps.Equal(old, ph) {
+		return nil
+	}
 	return state.Update(d.o.Dir, func(r *state.Record) error {
 		r.Placeholders = ph
 		return nil
@@ -191,18 +200,24 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 	c := d.creds
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	var presets []string
-	if err := state.Update(d.o.Dir, func(r *state.Record) error {
-		if !slices.Contains(r.Presets, name) {
-			r.Presets = append(r.Presets, name)
-		}
-		presets = r.Presets
-		return nil
-	}); err != nil {
+	rec, err := state.Load(d.o.Dir)
+	if err != nil {
 		return nil, err
 	}
-	if err := d.net.recompile(); err != nil {
-		return nil, fmt.Errorf("adding the preset's hosts: %w", err)
+	presets := rec.Presets
+	if added := !slices.Contains(presets, name); added {
+		if err := state.Update(d.o.Dir, func(r *state.Record) error {
+			if !slices.Contains(r.Presets, name) {
+				r.Presets = append(r.Presets, name)
+			}
+			presets = r.Presets
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if err := d.net.recompile(); err != nil {
+			return nil, fmt.Errorf("adding the preset's hosts: %w", err)
+		}
 	}
 	lookup := d.lookupEnv(env)
 	for k, v := range env { // a newly exported or rotated value wins from now on
@@ -215,14 +230,10 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 	old := c.set()
 	set, err := secret.ResolveWith(rctx, wanted(c.cfg, presets, lookup), lookup, old.Placeholders())
 	if err != nil {
-		var ue interface{ Unwrap() []error }
-		if errors.As(err, &ue) {
-			err = errors.Join(ue.Unwrap()...)
-		}
 		return nil, fmt.Errorf("reading secrets on the host: %w", err)
 	}
 	c.cur.Store(set)
-	if err := d.keepPlaceholders(set); err != nil {
+	if err := d.keepPlaceholders(rec.Placeholders, set); err != nil {
 		return nil, err
 	}
 	return set.Placeholders(), nil
