@@ -78,6 +78,7 @@ func (c *checker) file(raw *rawFile) *File {
 
 		Inspect: raw.Network.Inspect,
 		Trust:   c.trust("network.trust", raw.Network.Trust),
+		Mode:    c.mode("network.mode", raw.Network.Mode),
 	}
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)
@@ -579,4 +580,17 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(keys)
 	return keys
+}
+
+// mode checks [network] mode.
+func (c *checker) mode(key string, v *string) string {
+	if v == nil {
+		return ""
+	}
+	switch *v {
+	case ModeEnforce, ModeReport:
+		return *v
+	}
+	c.fail(key, "must be %q or %q, not %q", ModeEnforce, ModeReport, *v)
+	return ""
 }

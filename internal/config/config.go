@@ -129,7 +129,18 @@ type NetworkLayer struct {
 	Inspect *bool `json:"inspect,omitempty"`
 	// Trust is absolute paths of PEM files with extra root certificates.
 	Trust []string `json:"trust,omitempty"`
+	// Mode is ModeEnforce or ModeReport, empty when the file does not set it.
+	Mode string `json:"mode,omitempty"`
 }
+
+// Network modes.
+const (
+	// ModeEnforce refuses what the policy denies (the default).
+	ModeEnforce = "enforce"
+	// ModeReport lets through what the policy would deny and audits it as
+	// would_deny, to learn what an agent needs before enforcing.
+	ModeReport = "report"
+)
 
 // Network is the merged network rules. Use, Allow and Block are the union
 // over all files. Layers keeps each file's rules apart, lowest first,
@@ -150,7 +161,10 @@ type Network struct {
 	// Trust is PEM files of root certificates the gate accepts from
 	// upstreams besides the host's own roots: a corporate TLS proxy, or
 	// a test's own CA. Parse has checked that each holds certificates.
-	Trust  []string       `json:"trust,omitempty"`
+	Trust []string `json:"trust,omitempty"`
+	// Mode is ModeEnforce or ModeReport, from the narrowest file that
+	// sets it; empty means enforce.
+	Mode   string         `json:"mode,omitempty"`
 	Layers []NetworkLayer `json:"layers,omitempty"`
 }
 

@@ -117,6 +117,9 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 	c.Network.Block = union(c.Network.Block, n.Block)
 	setVal(&c.Network.Inspect, n.Inspect)
 	c.Network.Trust = union(c.Network.Trust, n.Trust)
+	if n.Mode != "" {
+		c.Network.Mode = n.Mode
+	}
 	if len(n.Use)+len(n.Allow)+len(n.Block)+len(n.Trust) > 0 || n.Inspect != nil {
 		c.Network.Layers = append(c.Network.Layers, n)
 	}

@@ -403,3 +403,27 @@ A = "1"
 		t.Errorf("round trip:\ngot  %+v\nwant %+v", back, c)
 	}
 }
+
+func TestMergeNetworkMode(t *testing.T) {
+	for _, tt := range []struct {
+		name, user, project, want string
+	}{
+		{"default", "", "", ""},
+		{"user report", `network.mode = "report"`, "", ModeReport},
+		{"project silent keeps user's", `network.mode = "report"`, `network.allow = ["a.example"]`, ModeReport},
+		{"project enforce beats user report", `network.mode = "report"`, `network.mode = "enforce"`, ModeEnforce},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var layers []*File
+			if tt.user != "" {
+				layers = append(layers, mustParse(t, userPath, tt.user))
+			}
+			if tt.project != "" {
+				layers = append(layers, mustParse(t, projectPath, tt.project))
+			}
+			if got := Merge(layers...).Network.Mode; got != tt.want {
+				t.Errorf("Mode = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}

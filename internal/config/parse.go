@@ -127,6 +127,7 @@ type rawNetwork struct {
 	Block   []string `toml:"block"`
 	Inspect *bool    `toml:"inspect"`
 	Trust   []string `toml:"trust"`
+	Mode    *string  `toml:"mode"`
 }
 
 type rawSecret struct {
@@ -153,7 +154,7 @@ var knownKeys = map[string][]string{
 	"":          {"sandbox", "shares", "network", "secrets", "env", "forwards", "hooks"},
 	"sandbox":   {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
 	"shares[]":  {"path", "target", "rw"},
-	"network":   {"use", "allow", "block", "inspect", "trust"},
+	"network":   {"use", "allow", "block", "inspect", "trust", "mode"},
 	"secrets.*": {"from", "hosts", "header", "query", "require"},
 	"forwards":  {"ports", "reverse"},
 	"hooks":     {"on_create", "on_up"},
@@ -201,6 +202,7 @@ var wants = map[string]want{
 	"network.allow":        wantList,
 	"network.block":        wantList,
 	"network.inspect":      wantBool,
+	"network.mode":         wantString,
 	"network.trust":        wantList,
 	"network.trust[]":      wantString,
 	"network.use[]":        wantString,
