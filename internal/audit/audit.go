@@ -35,11 +35,14 @@
 //	                     pool address it was answered with), "observed" (an earlier
 //	                     answer to the guest), "resolved" (pre-resolved from an allow
 //	                     rule), "granted" (an interactive grant)
-//	verdict      string  "allow" or "deny"; "dropped" in a dropped record
+//	verdict      string  "allow" or "deny"; "would_deny" for what report mode let
+//	                     through; "dropped" in a dropped record
 //	rule         string  the rule that decided, as written (omitted when none did)
 //	layer        string  the layer the rule came from: "builtin", "policy" (named
 //	                     policies), "user", "project", "runtime" (omitted when no
-//	                     rule decided); the words are policy.Layer's
+//	                     rule decided); the words are policy.Layer's; "interactive"
+//	                     when a watcher's answer that adds no rule let it through
+//	                     (rule "once" or "hour")
 //	reason       string  why, in words, above all for denials: "no rule", "blocked",
 //	                     "private address (loopback)", "no SNI", ... Free text for
 //	                     people; scripts should match verdict, rule and layer.
@@ -74,6 +77,9 @@ const (
 	Allow   = "allow"
 	Deny    = "deny"
 	Dropped = "dropped" // the synthetic record that counts lost records
+	// WouldDeny is a flow the policy denies that went through because the
+	// sandbox runs in report mode.
+	WouldDeny = "would_deny"
 )
 
 // Record is one line of the audit log. The JSON names are frozen; see the

@@ -53,9 +53,10 @@ func NewLedger(max int) *Ledger {
 	return &Ledger{max: max, byKey: make(map[string]*list.Element), order: list.New()}
 }
 
-// Add counts r if it is a denial; other records are ignored.
+// Add counts r if it is a denial, or what would be one in report mode;
+// other records are ignored.
 func (l *Ledger) Add(r Record) {
-	if r.Verdict != Deny {
+	if r.Verdict != Deny && r.Verdict != WouldDeny {
 		return
 	}
 	dest, port := ledgerDest(r)

@@ -35,6 +35,7 @@ type Log struct {
 	done    chan struct{} // closed when the writer goroutine has exited
 	dropped atomic.Int64  // records Write could not queue, not yet reported
 	dropSB  atomic.Pointer[string]
+	tap     atomic.Pointer[func(Record)]
 
 	// mu guards closed, and orders Close's close(queue) after every Write
 	// that is sending on it.
@@ -133,6 +134,9 @@ func (l *Log) Write(r Record) {
 		r.Time = time.Now()
 	}
 	r.Time = r.Time.UTC()
+	if tap := l.tap.Load(); tap != nil {
+		(*tap)(r)
+	}
 	l.mu.RLock()
 	defer l.mu.RUnlock()
 	if l.closed {
@@ -145,6 +149,17 @@ func (l *Log) Write(r Record) {
 		sb := r.Sandbox
 		l.dropSB.Store(&sb)
 	}
+}
+
+// Tap makes Write hand every record to fn as well (the interactive gate's
+// watchers see each decision as it is made); nil stops it. fn runs on the
+// writer's goroutine, the gate's, so it must not block.
+func (l *Log) Tap(fn func(Record)) {
+	if fn == nil {
+		l.tap.Store(nil)
+		return
+	}
+	l.tap.Store(&fn)
 }
 
 // Close writes what is queued, closes the file and returns the first error

@@ -22,7 +22,9 @@ type entry struct {
 	val   position      // where the value starts; zero for headers
 }
 
-type position struct{ line, col int }
+// position is a place in the document: line and column for messages,
+// the byte offset for edits (edit.go).
+type position struct{ line, col, off int }
 
 // docIndex is every entry of a document, in document order.
 type docIndex struct {
@@ -141,14 +143,14 @@ func (ix *docIndex) lookup(key string) (entry, bool) {
 // at returns the entry whose key or value starts at line:col; the
 // decoder's errors point at one or the other.
 func (ix *docIndex) at(line, col int) (entry, bool) {
-	want := position{line, col}
+	at := func(p position) bool { return p.line == line && p.col == col }
 	for _, e := range ix.entries {
-		if e.val == want {
+		if at(e.val) {
 			return e, true
 		}
 	}
 	for _, e := range ix.entries {
-		if e.key1 == want {
+		if at(e.key1) {
 			return e, true
 		}
 	}
@@ -203,7 +205,7 @@ func rangeStart(p *unstable.Parser, r unstable.Range) position {
 		return position{}
 	}
 	s := p.Shape(unstable.Range{Offset: r.Offset}).Start
-	return position{s.Line, s.Column}
+	return position{s.Line, s.Column, int(r.Offset)}
 }
 
 // displayKey joins key parts with dots, quoting parts that are not bare

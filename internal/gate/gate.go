@@ -76,6 +76,12 @@ type Options struct {
 	// UpstreamRoots verifies the real hosts behind intercepted
 	// connections. Nil: the host's system roots.
 	UpstreamRoots *x509.CertPool
+
+	// Holds is the interactive gate: undecided destinations wait there
+	// for a watcher's answer. Nil: nothing is ever held.
+	Holds *Holds
+	// Report starts the gate in report mode (see SetReport).
+	Report bool
 }
 
 // Gate is one sandbox's egress gate. Its policy is swapped atomically;
@@ -93,6 +99,9 @@ type Gate struct {
 	hostMu    sync.Mutex
 	hostAddrs []netip.Addr
 	hostAt    time.Time
+
+	// report: what the policy denies goes through, audited would_deny.
+	report atomic.Bool
 
 	// Counters for status and benchmarks.
 	allowed atomic.Int64
@@ -121,6 +130,7 @@ func New(o Options) *Gate {
 	if o.Policy != nil {
 		g.policy.Store(o.Policy)
 	}
+	g.report.Store(o.Report)
 	// A typed nil in an interface is not nil: a caller that passes a nil
 	// *tlsca.CA means "no CA", not "a CA that panics".
 	if isNil(o.Credentials) {
@@ -146,6 +156,17 @@ func New(o Options) *Gate {
 // SetPolicy swaps the policy. Established connections are not touched:
 // they were allowed when they were made.
 func (g *Gate) SetPolicy(p *policy.Policy) { g.policy.Store(p) }
+
+// SetReport turns report mode on or off. In report mode a connection or
+// request the policy denies goes through anyway and is audited as
+// would_deny, so a run shows what enforcing would cut. What is refused
+// for the sandbox's safety rather than by policy stays refused: the
+// refused address classes, a pool address with no name, TLS without a
+// name, domain fronting, secrets in the clear, and UDP.
+func (g *Gate) SetReport(on bool) { g.report.Store(on) }
+
+// Report reports whether the gate is in report mode.
+func (g *Gate) Report() bool { return g.report.Load() }
 
 // Policy is the policy in force (nil: none, everything is denied).
 func (g *Gate) Policy() *policy.Policy { return g.policy.Load() }
@@ -222,7 +243,8 @@ func (g *Gate) audit(r audit.Record) {
 	if r.Time.IsZero() {
 		r.Time = g.o.Now().UTC()
 	}
-	if r.Verdict == "deny" {
+	if r.Verdict == audit.Deny || r.Verdict == audit.WouldDeny {
+		// A would_deny counts as denied: it is what enforcing would cut.
 		g.denied.Add(1)
 		if g.o.Ledger != nil {
 			g.o.Ledger.Add(r)

@@ -215,6 +215,10 @@ type interception struct {
 	dst       netip.AddrPort
 	inspect   bool          // request rules apply: decide every request
 	refused   *audit.Record // the SNI was denied: every request gets this refusal
+	// granted is the watcher's answer that let the connection through
+	// without a rule ("once", "hour"): it covers the connection's
+	// requests too, as it would have on a spliced connection.
+	granted string
 	// mu guards active, the requests in flight: the connection's record
 	// is written after those of its requests (an upgraded request
 	// outlives the connection's HTTP server). Not a WaitGroup: an HTTP/2
@@ -274,8 +278,11 @@ func (g *Gate) interceptWhy(name string, d policy.Decision) (why string, must bo
 func (g *Gate) intercept(ctx context.Context, c net.Conn, head []byte, tg target, dst netip.AddrPort, t *tcpTrace, why string) {
 	ic := &interception{name: tg.name, authority: net.JoinHostPort(tg.name, strconv.Itoa(int(tg.port))),
 		port: tg.port, dst: dst, inspect: t.dec.Inspect}
+	if t.granted {
+		ic.granted = t.rec.Rule
+	}
 	gc := newGuestConn(c, head, ic)
-	t.rec.Verdict = "allow"
+	t.rec.Verdict = t.verdict()
 	if err := g.serveGuest(ctx, gc, 0); err != nil {
 		t.rec.Reason = "TLS handshake with the guest: " + err.Error()
 	} else {
@@ -409,8 +416,15 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		if d.Rule != nil {
 			reason = "blocked by rule"
 		}
-		refuse(reason, ic.inspect)
-		return
+		switch {
+		case g.report.Load():
+			rec.Verdict, rec.Reason = audit.WouldDeny, reason
+		case ic.granted != "" && d.Rule == nil:
+			rec.Rule, rec.Layer = ic.granted, "interactive"
+		default:
+			refuse(reason, ic.inspect)
+			return
+		}
 	}
 	if creds != nil {
 		applied, err := creds.Request(ic.name, r.Header, r.URL)
@@ -549,7 +563,9 @@ func (g *Gate) upstreamFailed(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if rs != nil {
 		rs.rec.Reason = "upstream: " + msg
-		rs.rec.Verdict = "allow"
+		if rs.rec.Verdict == "" {
+			rs.rec.Verdict = "allow"
+		}
 		var de *dialError
 		if errors.As(err, &de) && de.refusedClass != "" {
 			// As for a spliced flow: every address in a refused class
@@ -745,10 +761,18 @@ func (g *Gate) plainRequestAllowed(req peek.Request, dst netip.AddrPort, t *tcpT
 	if d.Verdict == policy.Allow {
 		return true
 	}
-	t.rec.Reason, t.request = "no rule allows it", true
+	reason := "no rule allows it"
 	if d.Rule != nil {
-		t.rec.Reason = "blocked by rule"
+		reason = "blocked by rule"
 	}
+	switch {
+	case g.report.Load():
+		t.rec.Reason, t.wouldDeny = reason, true
+		return true
+	case t.granted && d.Rule == nil:
+		return true
+	}
+	t.rec.Reason, t.request = reason, true
 	return false
 }
 

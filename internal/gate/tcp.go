@@ -83,6 +83,71 @@ type tcpTrace struct {
 	// request is set when request rules, not the name, refused a plain
 	// HTTP request: its page offers a request rule.
 	request bool
+	// wouldDeny: report mode let through what the policy denies.
+	wouldDeny bool
+	// granted: a watcher's answer let the connection through without a
+	// rule ("once", "hour"), so its requests are let through too.
+	granted bool
+}
+
+// settle is a denied destination's last chance. In report mode it goes
+// through, audited would_deny. A destination no rule decided waits for a
+// watcher's answer, if anyone watches (or goes through while "allow
+// everything for an hour" lasts). A destination a rule blocks is never
+// held. It reports whether the connection may go on; the trace's record
+// says why either way.
+func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
+	if g.report.Load() {
+		t.wouldDeny = true
+		if t.rec.Reason == "" {
+			t.rec.Reason = "no rule allows it"
+		}
+		return true
+	}
+	if t.dec.Rule != nil || g.o.Holds == nil {
+		return false
+	}
+	out := g.o.Holds.Ask(ctx, q)
+	if out.Allow {
+		// An answer that added a rule (run, always) decides like it;
+		// one that did not (once, hour) is named in the record.
+		var d policy.Decision
+		if q.Name != "" {
+			d = g.decideName(q.Name, q.Port)
+		} else {
+			d = g.decideAddr(q.Addr, q.Port)
+		}
+		t.dec = d
+		t.rec.Rule, t.rec.Layer = ruleOf(d)
+		if d.Verdict != policy.Allow {
+			t.rec.Rule, t.rec.Layer, t.granted = out.Answer, "interactive", true
+		}
+		t.rec.Reason = "allowed by a watcher (" + out.Answer + ")"
+		if out.By == "rule" {
+			t.rec.Reason = "allowed: a watcher opened everything for an hour"
+		}
+		return true
+	}
+	switch out.By {
+	case "watcher":
+		t.rec.Reason = "denied by a watcher"
+	case "timeout":
+		t.rec.Reason = "held for a watcher, no answer in " + g.o.Holds.Timeout().String()
+	case "overflow":
+		t.rec.Reason = fmt.Sprintf("held for a watcher, but %d destinations already wait", MaxHolds)
+	case "closed":
+		t.rec.Reason = "held for a watcher, who left"
+	}
+	return false
+}
+
+// verdict is an allowed flow's verdict: would_deny when only report mode
+// let it through.
+func (t *tcpTrace) verdict() string {
+	if t.wouldDeny {
+		return audit.WouldDeny
+	}
+	return audit.Allow
 }
 
 func (g *Gate) deny(t *tcpTrace) {
@@ -109,7 +174,7 @@ func (g *Gate) setDecision(t *tcpTrace, name, from string, d policy.Decision) {
 // refused upstream shows up in the guest as a refused connection.
 func (g *Gate) bound(ctx context.Context, f TCPFlow, t *tcpTrace) {
 	dst := f.Dst
-	target, ok := g.decideBound(dst, t)
+	target, ok := g.decideBound(ctx, dst, t)
 	if !ok {
 		f.Refuse()
 		g.deny(t)
@@ -139,7 +204,7 @@ type target struct {
 
 // decideBound decides dst by the names bound to its address, then by
 // address rules.
-func (g *Gate) decideBound(dst netip.AddrPort, t *tcpTrace) (target, bool) {
+func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace) (target, bool) {
 	names := g.namesOf(dst.Addr())
 	for _, n := range names {
 		d := g.decideName(n.Name, dst.Port())
@@ -157,7 +222,13 @@ func (g *Gate) decideBound(dst netip.AddrPort, t *tcpTrace) (target, bool) {
 	if len(names) > 0 {
 		n := names[0]
 		g.setDecision(t, n.Name, n.Source, g.decideName(n.Name, dst.Port()))
-		return target{}, false
+		if !g.settle(ctx, t, Question{Name: n.Name, Addr: dst.Addr(), Port: dst.Port()}) {
+			return target{}, false
+		}
+		if n.Source == "pool" {
+			return target{name: n.Name, port: dst.Port()}, true
+		}
+		return target{addr: dst.Addr(), port: dst.Port()}, true
 	}
 	if InPool(dst.Addr()) {
 		t.rec.Reason = "pool address with no name bound (expired lookup)"
@@ -165,7 +236,7 @@ func (g *Gate) decideBound(dst netip.AddrPort, t *tcpTrace) (target, bool) {
 	}
 	d := g.decideAddr(dst.Addr(), dst.Port())
 	g.setDecision(t, "", "", d)
-	if d.Verdict == policy.Allow {
+	if d.Verdict == policy.Allow || g.settle(ctx, t, Question{Addr: dst.Addr(), Port: dst.Port()}) {
 		return target{addr: dst.Addr(), port: dst.Port()}, true
 	}
 	return target{}, false
@@ -185,7 +256,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	var ok bool
 	switch kind {
 	case headTLS:
-		tg, ok = g.decideTLS(buf, dst, t)
+		tg, ok = g.decideTLS(ctx, buf, dst, t)
 		if !ok {
 			g.refuseTLSLegibly(ctx, c, buf, dst, t)
 			return
@@ -209,7 +280,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 		}
 	case headHTTP:
 		var req peek.Request
-		tg, req, ok = g.decideHTTP(buf, dst, t)
+		tg, req, ok = g.decideHTTP(ctx, buf, dst, t)
 		if ok {
 			ok = g.plainRequestAllowed(req, dst, t)
 		}
@@ -222,7 +293,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	default:
 		// Neither TLS nor HTTP on 443/80 (SSH over 443, say): decided
 		// like any other port, by the name bound to the address.
-		tg, ok = g.decideBound(dst, t)
+		tg, ok = g.decideBound(ctx, dst, t)
 		if !ok {
 			c.Close()
 			g.deny(t)
@@ -301,7 +372,7 @@ func (g *Gate) readHead(c net.Conn) ([]byte, headKind, error) {
 // decideTLS decides a connection by its ClientHello's SNI. The upstream is
 // what the host resolves for the SNI, never the address the guest chose:
 // an allowed SNI sent to an attacker's address reaches the allowed host.
-func (g *Gate) decideTLS(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, bool) {
+func (g *Gate) decideTLS(ctx context.Context, buf []byte, dst netip.AddrPort, t *tcpTrace) (target, bool) {
 	hello, err := peek.ParseClientHello(buf)
 	if err != nil {
 		t.rec.Reason = "malformed ClientHello: " + err.Error()
@@ -318,7 +389,7 @@ func (g *Gate) decideTLS(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, b
 	t.sni = hello.SNI
 	d := g.decideName(hello.SNI, dst.Port())
 	g.setDecision(t, hello.SNI, "sni", d)
-	if d.Verdict != policy.Allow {
+	if d.Verdict != policy.Allow && !g.settle(ctx, t, Question{Name: hello.SNI, Addr: dst.Addr(), Port: dst.Port()}) {
 		return target{}, false
 	}
 	return target{name: hello.SNI, port: dst.Port()}, true
@@ -340,7 +411,7 @@ func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what string) (targ
 }
 
 // decideHTTP decides a plain HTTP request by its Host.
-func (g *Gate) decideHTTP(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, peek.Request, bool) {
+func (g *Gate) decideHTTP(ctx context.Context, buf []byte, dst netip.AddrPort, t *tcpTrace) (target, peek.Request, bool) {
 	req, err := peek.ParseHTTPHead(buf)
 	if err != nil {
 		t.rec.Reason = "bad request head: " + err.Error()
@@ -366,7 +437,7 @@ func (g *Gate) decideHTTP(buf []byte, dst netip.AddrPort, t *tcpTrace) (target, 
 	}
 	d := g.decideName(req.Host, dst.Port())
 	g.setDecision(t, req.Host, "host", d)
-	if d.Verdict != policy.Allow {
+	if d.Verdict != policy.Allow && !g.settle(ctx, t, Question{Name: req.Host, Addr: dst.Addr(), Port: dst.Port()}) {
 		return target{}, req, false
 	}
 	return target{name: req.Host, port: dst.Port()}, req, true
@@ -393,7 +464,7 @@ func forceClose(buf []byte, req peek.Request) []byte {
 
 // finishFailed audits an allowed flow whose upstream could not be reached.
 func (g *Gate) finishFailed(t *tcpTrace, err error) {
-	t.rec.Verdict = "allow"
+	t.rec.Verdict = t.verdict()
 	var de *dialError
 	if errors.As(err, &de) && de.refusedClass != "" {
 		// Every address the name resolved to is in a refused class: that
@@ -408,7 +479,7 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 // forward writes what was peeked, then copies both ways until both sides
 // are done, and audits the flow with its byte counts.
 func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *tcpTrace) {
-	t.rec.Verdict = "allow"
+	t.rec.Verdict = t.verdict()
 	t.rec.Upstream = up.RemoteAddr().String()
 	var upN, downN int64
 	if len(head) > 0 {
