@@ -399,6 +399,8 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("POST /v1/network/rules", d.handleChangeRules)
 	mux.HandleFunc("GET /v1/network/denials", d.handleDenials)
 	mux.HandleFunc("POST /v1/presets", d.handlePreset)
+	mux.HandleFunc("GET /v1/watch", d.handleWatch)
+	mux.HandleFunc("POST /v1/holds/{id}", d.handleAnswer)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return ln, srv, nil

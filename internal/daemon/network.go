@@ -163,10 +163,17 @@ type network struct {
 	audit  *audit.Log
 	ledger *audit.Ledger
 
+	// holds is the interactive gate's held connections; hub sends the
+	// gate's decisions to its watchers (watch.go).
+	holds *gate.Holds
+	hub   watchHub
+
 	// mu serialises recompiles (a runtime change racing a discovery);
-	// discovered is the discovered repositories, guarded by mu.
+	// discovered is the discovered repositories and grants the allows a
+	// watcher gave for this run, both guarded by mu.
 	mu         sync.Mutex
 	discovered []policy.Rule
+	grants     []string
 }
 
 // startNetwork builds the gate. It fails if the policy does not compile:
@@ -200,7 +207,11 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		return nil, err
 	}
 	n.res = gate.NewResolver(gate.ResolverOptions{Servers: servers})
+	n.holds = gate.NewHolds(gate.HoldsOptions{Timeout: holdTimeout()})
+	al.Tap(n.tap)
 	n.gate = gate.New(gate.Options{
+		Holds:         n.holds,
+		Report:        o.Config.Mode == config.ModeReport,
 		Certs:         d.ca,
 		Credentials:   d.creds,
 		Inspect:       o.Config.Inspect,
@@ -243,6 +254,7 @@ func (n *network) compile() (*policy.Policy, error) {
 		return nil, err
 	}
 	rules = append(rules, PresetRules(rec.Presets)...)
+	rules = append(rules, n.grantRules()...)
 	// Lowest layer first, as `moat network list` shows them.
 	slices.SortStableFunc(rules, func(a, b policy.Rule) int { return int(a.Layer) - int(b.Layer) })
 	return policy.Compile(rules), nil

@@ -1,0 +1,354 @@
+package daemon
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/publicsuffix"
+
+	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/state"
+)
+
+// The interactive gate's daemon side: the /v1/watch event stream that
+// attaches a watcher, and the answers that release holds. The gate holds
+// connections (gate.Holds); here answers become rules and files.
+
+// HoldTimeoutEnv overrides how long a hold waits for an answer (a Go
+// duration). A knob for tests, which cannot wait 30 s.
+const HoldTimeoutEnv = "MOAT_HOLD_TIMEOUT"
+
+// holdTimeout reads HoldTimeoutEnv; zero means the default.
+func holdTimeout() time.Duration {
+	d, err := time.ParseDuration(os.Getenv(HoldTimeoutEnv))
+	if err != nil || d <= 0 {
+		return 0
+	}
+	return d
+}
+
+// watchBuffer is how many events a slow watcher may fall behind before
+// its stream is cut (it reconnects and is sent the pending holds again).
+const watchBuffer = 512
+
+// pingEvery keeps idle streams alive through proxies and shows a front
+// end that the daemon is still there.
+const pingEvery = 10 * time.Second
+
+// watchHub fans the gate's audit records out to the attached watchers.
+type watchHub struct {
+	mu   sync.Mutex
+	subs map[*watchSub]bool
+}
+
+type watchSub struct {
+	ch   chan control.Event
+	cut  chan struct{} // closed when the watcher fell too far behind
+	once sync.Once
+}
+
+func (s *watchSub) send(ev control.Event) {
+	select {
+	case s.ch <- ev:
+	default:
+		s.once.Do(func() { close(s.cut) })
+	}
+}
+
+func (h *watchHub) add(s *watchSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.subs == nil {
+		h.subs = map[*watchSub]bool{}
+	}
+	h.subs[s] = true
+}
+
+func (h *watchHub) remove(s *watchSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.subs, s)
+}
+
+func (h *watchHub) publish(ev control.Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs {
+		s.send(ev)
+	}
+}
+
+// tap is the audit log's tap: every decision goes to every watcher.
+func (n *network) tap(r audit.Record) {
+	n.hub.publish(control.Event{Schema: control.Schema, Type: control.EventDecision,
+		Sandbox: filepath.Base(n.dir), Time: r.Time, Record: &r})
+}
+
+func (d *daemon) name() string { return filepath.Base(d.o.Dir) }
+
+// holdOf converts a gate hold to its wire form.
+func (d *daemon) holdOf(p gate.Pending) *control.Hold {
+	h := &control.Hold{ID: p.ID, Sandbox: d.name(), Name: p.Q.Name, Addr: p.Q.Addr.String(), Port: p.Q.Port,
+		Proto: "tcp", Since: p.Since, Expires: p.Expires, Count: p.Count, Suggest: suggestEntry(p.Q)}
+	if p.Q.Name != "" {
+		h.Domain = registrable(p.Q.Name)
+	}
+	return h
+}
+
+// suggestEntry is the rule an "always" or "run" answer adds: the name
+// alone for web ports (80 and 443 go together), name:port otherwise; the
+// address and port when there is no name.
+func suggestEntry(q gate.Question) string {
+	if q.Name == "" {
+		return netip4Port(q)
+	}
+	if q.Port == 443 || q.Port == 80 {
+		return q.Name
+	}
+	return q.Name + ":" + strconv.Itoa(int(q.Port))
+}
+
+func netip4Port(q gate.Question) string {
+	return q.Addr.String() + ":" + strconv.Itoa(int(q.Port))
+}
+
+// registrable is the domain a "block" answer blocks: the name's
+// registrable domain by the public suffix list (api.tracker.example.co.uk
+// → example.co.uk), or the name itself when it has none (a bare suffix,
+// a single label).
+func registrable(name string) string {
+	if d, err := publicsuffix.EffectiveTLDPlusOne(name); err == nil {
+		return d
+	}
+	return name
+}
+
+// handleWatch is GET /v1/watch: the stream that makes the caller a
+// watcher for as long as it stays open.
+func (d *daemon) handleWatch(w http.ResponseWriter, r *http.Request) {
+	fl, ok := w.(http.Flusher)
+	if !ok {
+		writeJSON(w, http.StatusInternalServerError, control.ErrorBody{Schema: control.Schema, Error: "streaming unsupported"})
+		return
+	}
+	sub := &watchSub{ch: make(chan control.Event, watchBuffer), cut: make(chan struct{})}
+	d.net.hub.add(sub)
+	defer d.net.hub.remove(sub)
+	holds := d.net.holds
+	pending, detach := holds.Watch(func(e gate.HoldEvent) {
+		ev := control.Event{Schema: control.Schema, Type: e.Kind, Sandbox: d.name(), Time: time.Now().UTC(), Hold: d.holdOf(e.Pending)}
+		if e.Kind == "resolved" {
+			ev.Answer, ev.By = e.Outcome.Answer, e.Outcome.By
+		}
+		sub.send(ev)
+	})
+	defer detach()
+	d.log.Info("watcher attached", "watchers", holds.Watchers())
+	defer func() { d.log.Info("watcher left", "watchers", holds.Watchers()) }()
+
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(http.StatusOK)
+	enc := json.NewEncoder(w)
+	write := func(ev control.Event) bool {
+		if ev.Time.IsZero() {
+			ev.Time = time.Now().UTC()
+		}
+		if err := enc.Encode(ev); err != nil {
+			return false
+		}
+		fl.Flush()
+		return true
+	}
+	if !write(control.Event{Schema: control.Schema, Type: control.EventHello, Sandbox: d.name(), Timeout: holds.Timeout()}) {
+		return
+	}
+	for _, p := range pending {
+		if !write(control.Event{Schema: control.Schema, Type: control.EventHold, Sandbox: d.name(), Hold: d.holdOf(p)}) {
+			return
+		}
+	}
+	tick := time.NewTicker(pingEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case ev := <-sub.ch:
+			if !write(ev) {
+				return
+			}
+			tick.Reset(pingEvery)
+		case <-tick.C:
+			if !write(control.Event{Schema: control.Schema, Type: control.EventPing, Sandbox: d.name()}) {
+				return
+			}
+		case <-sub.cut:
+			return
+		case <-r.Context().Done():
+			return
+		case <-d.stopCh:
+			return
+		}
+	}
+}
+
+// errAnswer is a bad answer: the caller's mistake, 400.
+type errAnswer struct{ msg string }
+
+func (e errAnswer) Error() string { return e.msg }
+
+// handleAnswer is POST /v1/holds/{id}.
+func (d *daemon) handleAnswer(w http.ResponseWriter, r *http.Request) {
+	var a control.Answer
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&a); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "reading the answer: " + err.Error()})
+		return
+	}
+	switch a.Answer {
+	case control.AnswerOnce, control.AnswerRun, control.AnswerAlways, control.AnswerHour, control.AnswerDeny, control.AnswerBlock:
+	default:
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema,
+			Error: fmt.Sprintf("unknown answer %q: use once, run, always, hour, deny or block", a.Answer)})
+		return
+	}
+	if a.Scope == "" {
+		a.Scope = control.ScopeProject
+	}
+	if a.Scope != control.ScopeProject && a.Scope != control.ScopeUser {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema,
+			Error: fmt.Sprintf("unknown scope %q: use project or user", a.Scope)})
+		return
+	}
+	id := r.PathValue("id")
+	p, ok := d.net.holds.Take(id)
+	if !ok {
+		writeJSON(w, http.StatusNotFound, control.ErrorBody{Schema: control.Schema,
+			Error: "hold " + id + " is no longer pending (answered elsewhere, or timed out)"})
+		return
+	}
+	res, err := d.applyAnswer(p, a)
+	out := gate.Outcome{Answer: a.Answer, By: "watcher"}
+	out.Allow = err == nil && a.Answer != control.AnswerDeny && a.Answer != control.AnswerBlock
+	// The rule is in force before the held connections go on, so they
+	// and the ones after them are decided alike.
+	d.net.holds.Finish(id, out)
+	if err != nil {
+		// Fail closed: the held connections were refused.
+		d.log.Warn("applying an answer", "hold", id, "answer", a.Answer, "err", err)
+		code := http.StatusInternalServerError
+		var bad errAnswer
+		if errors.As(err, &bad) {
+			code = http.StatusBadRequest
+		}
+		writeJSON(w, code, control.ErrorBody{Schema: control.Schema, Error: err.Error() + " (the held connections were refused)"})
+		return
+	}
+	d.log.Info("hold answered", "hold", id, "dest", p.Q.Key(), "answer", a.Answer, "rule", res.Rule, "file", res.File)
+	res.Schema = control.Schema
+	writeJSON(w, http.StatusOK, res)
+}
+
+// applyAnswer makes an answer's effects: a grant for this run, a rule in
+// a file (kept as a runtime rule too, so it holds at once and across
+// down/up), or the hour-long opening.
+func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerResult, error) {
+	var res control.AnswerResult
+	entry := suggestEntry(p.Q)
+	switch a.Answer {
+	case control.AnswerOnce, control.AnswerDeny:
+		return res, nil
+	case control.AnswerHour:
+		d.net.holds.OpenUntil(time.Now().Add(time.Hour))
+		return res, nil
+	case control.AnswerRun:
+		res.Rule = entry
+		return res, d.net.grant(entry)
+	}
+	list, entries := "allow", []string{entry}
+	if a.Answer == control.AnswerBlock {
+		if p.Q.Name == "" {
+			return res, errAnswer{"block needs a name, and this destination has only an address; use deny, or moat network block"}
+		}
+		dom := registrable(p.Q.Name)
+		list, entries = "block", []string{dom, "*." + dom}
+		res.Rule = strings.Join(entries, ", ")
+	} else {
+		res.Rule = entry
+	}
+	for _, e := range entries {
+		if _, err := policy.ParseEntry(e); err != nil {
+			return res, errAnswer{fmt.Sprintf("%q is not a rule moat can write: %v", e, err)}
+		}
+	}
+	file, err := d.scopeFile(a.Scope)
+	if err != nil {
+		return res, err
+	}
+	if _, err := config.AddRules(file, list, entries...); err != nil {
+		return res, err
+	}
+	res.File = file
+	err = state.Update(d.o.Dir, func(rec *state.Record) error {
+		if rec.Rules == nil {
+			rec.Rules = &state.RuntimeRules{}
+		}
+		return ApplyRuleChange(rec.Rules, list, entries)
+	})
+	if err != nil {
+		return res, err
+	}
+	return res, d.net.recompile()
+}
+
+// scopeFile is the config file an answer writes: the project's moat.toml
+// at the workspace root, or the user's config.toml.
+func (d *daemon) scopeFile(scope string) (string, error) {
+	if scope == control.ScopeUser {
+		if d.o.Network.UserConfig == "" {
+			return "", errors.New("this sandbox has no user config file to write; answer with scope project")
+		}
+		return d.o.Network.UserConfig, nil
+	}
+	rec, err := state.Load(d.o.Dir)
+	if err != nil {
+		return "", err
+	}
+	if rec.Workspace == "" {
+		return "", errors.New("this sandbox has no workspace to write moat.toml into; answer with scope user")
+	}
+	return filepath.Join(rec.Workspace, "moat.toml"), nil
+}
+
+// grant adds an allow for the rest of this run: a runtime rule that is
+// not written to the record, so `moat down` forgets it.
+func (n *network) grant(entry string) error {
+	if _, err := policy.ParseEntry(entry); err != nil {
+		return err
+	}
+	n.mu.Lock()
+	n.grants = append(n.grants, entry)
+	n.mu.Unlock()
+	return n.recompile()
+}
+
+// grantRules is the run's grants as runtime-layer rules.
+func (n *network) grantRules() []policy.Rule {
+	rs, err := policy.FromEntries(n.grants, policy.Allow, policy.LayerRuntime, "granted at the gate (this run)")
+	if err != nil {
+		return nil // grant checked every entry
+	}
+	return rs
+}
