@@ -33,6 +33,10 @@ func (e *env) attach(dir string, argv []string, workdir string) error {
 // attachEnv is attach with extra session environment (secrets'
 // placeholders, a preset's variables).
 func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[string]string) error {
+	sessEnv, err := withConfigEnv(dir, sessEnv)
+	if err != nil {
+		return err
+	}
 	c, err := e.startSession(dir, true)
 	if err != nil {
 		return withCode(ExitRun, err)

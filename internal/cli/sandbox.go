@@ -305,6 +305,11 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 // spawnDaemon starts the daemon and waits for its word on the ready pipe;
 // with connect, it connects to the session proxy meanwhile.
 func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
+	// A ${VAR:?message} in [env] refuses the start too, not only the
+	// session: on_up hooks and everything after them would miss VAR.
+	if _, err := withConfigEnv(dir, nil); err != nil {
+		return nil, err
+	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -353,7 +358,14 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		early = make(chan *ssh.Client, 1)
 		go func() { early <- connectWhileBooting(ctx, dir) }()
 	}
-	line, _ := bufio.NewReader(rd).ReadString('\n')
+	// The daemon's word: "ok" or "error: ...", after any "out: " lines
+	// of the set-up hooks' output, which are the user's to see.
+	br := bufio.NewReader(rd)
+	line, _ := br.ReadString('\n')
+	for strings.HasPrefix(line, "out: ") {
+		fmt.Fprint(os.Stderr, strings.TrimPrefix(line, "out: "))
+		line, _ = br.ReadString('\n')
+	}
 	line = strings.TrimSpace(line)
 	if line == "ok" {
 		if early != nil {
@@ -421,6 +433,11 @@ func (e *env) waitRunning(dir string) error {
 		r, err := state.Load(dir)
 		if err != nil {
 			return err
+		}
+		if r.Hook != "" {
+			// Set-up hooks run (a dependency install, say): the daemon
+			// bounds them itself.
+			deadline = time.Now().Add(90 * time.Second)
 		}
 		switch r.State {
 		case state.StateRunning:

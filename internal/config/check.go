@@ -436,7 +436,7 @@ func (c *checker) secretFrom(key, v string) string {
 	return ""
 }
 
-func (c *checker) env(raw map[string]string) []EnvVar {
+func (c *checker) env(raw map[string]any) []EnvVar {
 	// The decoder hands back a map; the index gives the order the user
 	// wrote, which is the order the guest sees.
 	var out []EnvVar
@@ -445,12 +445,27 @@ func (c *checker) env(raw map[string]string) []EnvVar {
 			continue
 		}
 		name := e.parts[1]
-		v, ok := raw[name]
+		rv, ok := raw[name]
 		if !ok {
 			continue
 		}
 		if !isEnvName(name) {
 			c.fail(e.key, "%q is not a valid environment variable name; use letters, digits and _", name)
+			continue
+		}
+		var v string
+		switch x := rv.(type) {
+		case bool:
+			if !x {
+				c.fail(e.key, "false means nothing here; write %s = true to pass the host's value, or remove the line", name)
+				continue
+			}
+			out = append(out, EnvVar{Name: name, Pass: true})
+			continue
+		case string:
+			v = x
+		default:
+			c.fail(e.key, "expected %s, got %s", wantEnv.desc, kindName(e.kind))
 			continue
 		}
 		if _, err := ExpandEnv(v, func(string) (string, bool) { return "x", true }); err != nil {

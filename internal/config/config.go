@@ -186,6 +186,9 @@ type Secret struct {
 type EnvVar struct {
 	Name  string `json:"name"`
 	Value string `json:"value"`
+	// Pass (NAME = true) takes the host's value of NAME as it is; an
+	// unset NAME stays unset in the guest.
+	Pass bool `json:"pass,omitempty"`
 }
 
 // Forward is one port forward. Both lists use "host:guest" order, so the

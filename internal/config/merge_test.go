@@ -165,7 +165,7 @@ from = "env:GH"
 hosts = ["api.github.com"]
 [secrets.NPM]
 from = "env:NPM"
-hosts = ["registry.npmjs.org"]
+hosts = ["registry.example.net"]
 
 [env]
 EDITOR = "vi"
@@ -222,10 +222,10 @@ on_up = ["./start.sh"]
 		},
 		Secrets: map[string]Secret{
 			"GH":  {Name: "GH", From: "command:gh auth token", Hosts: []string{"github.com"}, Source: projectPath},
-			"NPM": {Name: "NPM", From: "env:NPM", Hosts: []string{"registry.npmjs.org"}, Source: userPath},
+			"NPM": {Name: "NPM", From: "env:NPM", Hosts: []string{"registry.example.net"}, Source: userPath},
 		},
 		Env:     map[string]string{"EDITOR": "vi", "LANG": "en_US.UTF-8", "DEBUG": "1"},
-		EnvVars: []EnvVar{{"EDITOR", "vi"}, {"LANG", "en_US.UTF-8"}, {"DEBUG", "1"}},
+		EnvVars: []EnvVar{{Name: "EDITOR", Value: "vi"}, {Name: "LANG", Value: "en_US.UTF-8"}, {Name: "DEBUG", Value: "1"}},
 		Forwards: Forwards{
 			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},
 			Reverse: []Forward{{5433, 5432}},

@@ -99,7 +99,7 @@ type rawFile struct {
 	Shares   []rawShare           `toml:"shares"`
 	Network  rawNetwork           `toml:"network"`
 	Secrets  map[string]rawSecret `toml:"secrets"`
-	Env      map[string]string    `toml:"env"`
+	Env      map[string]any       `toml:"env"` // strings, or true: the host's value
 	Forwards rawForwards          `toml:"forwards"`
 	Hooks    rawHooks             `toml:"hooks"`
 }
@@ -178,6 +178,7 @@ var (
 	wantPort    = want{`a port (3000) or a "host:guest" string ("8080:80")`, []unstable.Kind{unstable.Integer, unstable.String}}
 	wantShares  = want{"a list of tables: write [[shares]] sections", []unstable.Kind{unstable.Array, unstable.ArrayTable}}
 	wantShare   = want{"a table", []unstable.Kind{unstable.ArrayTable, unstable.InlineTable}}
+	wantEnv     = want{`a string ("literal", "${HOST_VAR:-default}") or true (the host's value of the same name)`, []unstable.Kind{unstable.String, unstable.Bool}}
 	wantSecrets = want{"a table of [secrets.NAME] tables", []unstable.Kind{unstable.Table, unstable.InlineTable}}
 )
 
@@ -217,7 +218,7 @@ var wants = map[string]want{
 	"secrets.*.query":      wantString,
 	"secrets.*.require":    wantBool,
 	"env":                  wantTable,
-	"env.*":                wantString,
+	"env.*":                wantEnv,
 	"forwards":             wantTable,
 	"forwards.ports":       wantPorts,
 	"forwards.reverse":     wantPorts,

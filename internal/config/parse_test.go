@@ -67,6 +67,7 @@ hosts = ["api.example.com"]
 ZED = "last?"
 DATABASE_URL = "${DATABASE_URL:?set DATABASE_URL on the host}"
 MODE = "${MODE:-dev}"
+EDITOR = true
 
 [forwards]
 ports = [3000, "8080:80", "9000", 3000]
@@ -105,9 +106,10 @@ on_up = ["./scripts/start-db.sh"]
 				Source: "/work/proj/moat.toml"},
 		},
 		Env: []EnvVar{
-			{"ZED", "last?"},
-			{"DATABASE_URL", "${DATABASE_URL:?set DATABASE_URL on the host}"},
-			{"MODE", "${MODE:-dev}"},
+			{Name: "ZED", Value: "last?"},
+			{Name: "DATABASE_URL", Value: "${DATABASE_URL:?set DATABASE_URL on the host}"},
+			{Name: "MODE", Value: "${MODE:-dev}"},
+			{Name: "EDITOR", Pass: true},
 		},
 		Forwards: Forwards{
 			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},
@@ -224,13 +226,14 @@ func TestParseErrors(t *testing.T) {
 		{"secret header type", "[secrets.GH]\nheader = 1", []string{"secrets.GH.header: expected a string"}},
 		{"secret require type", "[secrets.GH]\nrequire = \"yes\"", []string{"secrets.GH.require: expected true or false, got a string"}},
 		{"secret query type", "[secrets.GH]\nquery = [\"key\"]", []string{"secrets.GH.query: expected a string, got a list"}},
+		{"env false", "[env]\nA = false", []string{"2:5: env.A: false means nothing here; write A = true to pass the host's value, or remove the line"}},
 		{"inspect type", "[network]\ninspect = \"yes\"", []string{"2:11: network.inspect: expected true or false, got a string"}},
 		{"mode value", "[network]\nmode = \"learn\"", []string{`2:8: network.mode: must be "enforce" or "report", not "learn"`}},
 		{"trust type", `network.trust = "/etc/ca.pem"`, []string{`network.trust: expected a list of strings, e.g. ["a", "b"], got a string`}},
 		{"trust element", "[network]\ntrust = [1]", []string{"2:10: network.trust[0]: expected a string, got an integer"}},
 		{"env type", `env = "A=1"`, []string{"env: expected a table, got a string"}},
-		{"env value type", "[env]\nPORT = 8080", []string{"2:8: env.PORT: expected a string, got an integer"}},
-		{"env value date", "[env]\nDAY = 2024-01-01", []string{"env.DAY: expected a string, got a date or time"}},
+		{"env value type", "[env]\nPORT = 8080", []string{"2:8: env.PORT: expected a string (\"literal\", \"${HOST_VAR:-default}\") or true (the host's value of the same name), got an integer"}},
+		{"env value date", "[env]\nDAY = 2024-01-01", []string{"env.DAY: expected a string (\"literal\", \"${HOST_VAR:-default}\") or true (the host's value of the same name), got a date or time"}},
 		{"forwards type", `forwards = 3000`, []string{"forwards: expected a table, got an integer"}},
 		{"ports type", `forwards.ports = 3000`, []string{`forwards.ports: expected a list of ports, e.g. [3000, "8080:80"], got an integer`}},
 		{"reverse type", `forwards.reverse = "5432"`, []string{"forwards.reverse: expected a list of ports"}},

@@ -65,6 +65,10 @@ type Options struct {
 	// SecretEnv are the values of the secrets' variables, handed over by
 	// the CLI on a pipe (see ReadHandover), never in the environment.
 	SecretEnv map[string]string
+	// Hooks run in the guest before the sandbox is reported running
+	// (hooks.go); Env is the configuration's [env], for their sessions.
+	Hooks config.Hooks
+	Env   []config.EnvVar
 }
 
 type daemon struct {
@@ -173,6 +177,9 @@ func (d *daemon) run() error {
 		}
 		err = fmt.Errorf("%w (see %s)", err, filepath.Join(d.o.Dir, "daemon.log"))
 		d.setStopped(state.StopError, err)
+		return err
+	}
+	if err := d.hooks(ctx, exited, sigs); err != nil {
 		return err
 	}
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })

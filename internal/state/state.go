@@ -123,6 +123,12 @@ type Record struct {
 	// values on the way out); they stay the same across restarts so a
 	// process in the guest that kept one keeps working.
 	Placeholders map[string]string `json:"placeholders,omitempty"`
+	// SetUp is set once on_create has succeeded; until then every start
+	// runs it from the start.
+	SetUp bool `json:"set_up,omitempty"`
+	// Hook names the hook running now ("on_create 1/3"), so a command
+	// waiting for the start knows it is long for a reason.
+	Hook string `json:"hook,omitempty"`
 }
 
 // RuntimeRules are the runtime layer of the network policy. Entries are

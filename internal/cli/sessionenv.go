@@ -1,0 +1,71 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/state"
+)
+
+// snapshot is the configuration the sandbox was created with.
+func snapshot(rec *state.Record) (config.Config, error) {
+	var cfg config.Config
+	if len(rec.Config) > 0 {
+		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
+			return cfg, fmt.Errorf("reading the configuration snapshot of %s: %w", rec.Name, err)
+		}
+	}
+	return cfg, nil
+}
+
+// configEnv expands the sandbox's [env] entries with the host's
+// environment as it is now: values are read at each session start and go
+// only into that session's environment, never to disk. A ${VAR:?message}
+// whose VAR is unset refuses with the message.
+func configEnv(cfg config.Config, lookup func(string) (string, bool)) (map[string]string, error) {
+	out := map[string]string{}
+	for _, e := range cfg.EnvVars {
+		if e.Pass {
+			if v, ok := lookup(e.Name); ok {
+				out[e.Name] = v
+			}
+			continue
+		}
+		v, err := config.ExpandEnv(e.Value, lookup)
+		if err != nil {
+			return nil, codef(ExitUsage, "[env] %s: %v", e.Name, err)
+		}
+		out[e.Name] = v
+	}
+	return out, nil
+}
+
+// withConfigEnv adds the sandbox's [env] to a session's environment. The
+// declared names win over anything moat itself sets (placeholders, a
+// preset's variables): the user said so.
+func withConfigEnv(dir string, sessEnv map[string]string) (map[string]string, error) {
+	rec, err := state.Load(dir)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := snapshot(rec)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.EnvVars) == 0 {
+		return sessEnv, nil
+	}
+	env, err := configEnv(cfg, os.LookupEnv)
+	if err != nil {
+		return nil, err
+	}
+	if sessEnv == nil {
+		sessEnv = map[string]string{}
+	}
+	for k, v := range env {
+		sessEnv[k] = v
+	}
+	return sessEnv, nil
+}

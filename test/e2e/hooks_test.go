@@ -1,0 +1,133 @@
+package e2e
+
+// [env] and set-up hooks (issue 7, parts 4 and 5) through the real CLI, daemon and guest.
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const hooksToml = `[env]
+CANARY_ENV = "${MOAT_TEST_ENV_CANARY:?export MOAT_TEST_ENV_CANARY first}"
+GREETING = "hello"
+EDITOR = true
+
+[hooks]
+on_create = [
+  "echo attempt >> .create-attempts",
+  "test ! -e .fail-create || { echo create says no; exit 3; }",
+  "echo \"$GREETING\" > .created",
+]
+on_up = ["echo up >> .on-up-marker"]
+`
+
+func TestEnvAndHooks(t *testing.T) {
+	dir := project(t, "hooks-e2e")
+	name := "hooks-e2e"
+	// The hooks write marker files as the guest's agent user.
+	os.Chmod(dir, 0o777)
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(hooksToml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	canary := "mc-env-" + randHex(t, 16)
+	env := []string{"EDITOR=nano-from-host"}
+	withCanary := append(env, "MOAT_TEST_ENV_CANARY="+canary)
+	t.Cleanup(func() { moat(t, dir, nil, "destroy", "--yes", name) })
+	lines := func(f string) int {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		return strings.Count(string(b), "\n")
+	}
+
+	t.Run("required_env_refuses", func(t *testing.T) {
+		r := moat(t, dir, env, "up")
+		if r.code != 2 || !strings.Contains(r.stderr, "[env] CANARY_ENV: MOAT_TEST_ENV_CANARY: export MOAT_TEST_ENV_CANARY first") {
+			t.Fatalf("up without the variable: exit %d, stderr %q; want exit 2 with the message", r.code, r.stderr)
+		}
+		if lines(".create-attempts") != 0 {
+			t.Error("on_create ran although the start was refused")
+		}
+	})
+
+	t.Run("on_create_fails_then_retries", func(t *testing.T) {
+		if err := os.WriteFile(filepath.Join(dir, ".fail-create"), nil, 0o666); err != nil {
+			t.Fatal(err)
+		}
+		r := moat(t, dir, withCanary, "up")
+		if r.code == 0 || !strings.Contains(r.stderr, "create says no") || !strings.Contains(r.stderr, "not set up") {
+			t.Fatalf("up with a failing on_create: exit %d, stderr %q", r.code, r.stderr)
+		}
+		if _, err := os.Stat(filepath.Join(dir, ".created")); err == nil {
+			t.Fatal("on_create went on after a failing command")
+		}
+		os.Remove(filepath.Join(dir, ".fail-create"))
+		r = moat(t, dir, withCanary, "up")
+		if r.code != 0 {
+			t.Fatalf("up after fixing on_create: exit %d, stderr %q", r.code, r.stderr)
+		}
+		if !strings.Contains(r.stderr, "moat: on_create: echo attempt >> .create-attempts") {
+			t.Errorf("on_create's commands were not shown: %q", r.stderr)
+		}
+		if b, _ := os.ReadFile(filepath.Join(dir, ".created")); string(b) != "hello\n" {
+			t.Errorf(".created = %q: on_create did not run with [env]", b)
+		}
+		if n := lines(".create-attempts"); n != 2 {
+			t.Errorf("on_create started %d times, want 2 (the failure, then from the start again)", n)
+		}
+		if n := lines(".on-up-marker"); n != 1 {
+			t.Errorf("on_up ran %d times, want 1", n)
+		}
+		log, _ := os.ReadFile(filepath.Join(moatHome, "state", "sandboxes", name, "daemon.log"))
+		if !bytes.Contains(log, []byte("hook| create says no")) {
+			t.Error("hook output is not in the sandbox log")
+		}
+	})
+
+	t.Run("session_env", func(t *testing.T) {
+		r := moat(t, dir, withCanary, "run", "--", "sh", "-c", `printf '%s|%s|%s\n' "$CANARY_ENV" "$GREETING" "$EDITOR"`)
+		if want := canary + "|hello|nano-from-host\n"; r.code != 0 || r.stdout != want {
+			t.Fatalf("session env: exit %d, %q; want %q (stderr %q)", r.code, r.stdout, want, r.stderr)
+		}
+		// Read at each session start: a new value on the host shows at once.
+		r = moat(t, dir, append(env, "MOAT_TEST_ENV_CANARY=changed"), "run", "--", "sh", "-c", `echo "$CANARY_ENV"`)
+		if r.stdout != "changed\n" {
+			t.Errorf("after changing the host's value: %q", r.stdout)
+		}
+		r = moat(t, dir, env, "run", "--", "true")
+		if r.code != 2 || !strings.Contains(r.stderr, "export MOAT_TEST_ENV_CANARY first") {
+			t.Errorf("a session without the variable: exit %d, stderr %q", r.code, r.stderr)
+		}
+	})
+
+	t.Run("on_up_reruns_after_down_up", func(t *testing.T) {
+		if r := moat(t, dir, nil, "down"); r.code != 0 {
+			t.Fatalf("down: %d %s", r.code, r.stderr)
+		}
+		if r := moat(t, dir, withCanary, "up"); r.code != 0 {
+			t.Fatalf("up: %d %s", r.code, r.stderr)
+		}
+		if n := lines(".on-up-marker"); n != 2 {
+			t.Errorf("on_up ran %d times after down/up, want 2", n)
+		}
+		if n := lines(".create-attempts"); n != 2 {
+			t.Errorf("on_create ran again after it succeeded (%d attempts)", n)
+		}
+	})
+
+	t.Run("canary_nowhere_on_disk", func(t *testing.T) {
+		for _, root := range []string{moatHome, dir} {
+			filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+				if err != nil || !d.Type().IsRegular() {
+					return nil
+				}
+				if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(canary)) {
+					t.Errorf("the [env] value is on disk in %s", p)
+				}
+				return nil
+			})
+		}
+	})
+}
