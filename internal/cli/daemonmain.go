@@ -89,6 +89,11 @@ func daemonMain(dir string) int {
 		GuestDir: filepath.Join(dir, "guest"), Hostname: rec.Name, Image: rec.Image,
 		Workspace: rec.Workspace, Debug: os.Getenv("MOAT_DEBUG_RUNSC") != "",
 	}
+	// The workspace is a share like the others, read-write.
+	ws := config.Share{Path: rec.Workspace, Source: "the workspace"}
+	if err := checkShares(append([]config.Share{ws}, cfg.Shares...), e.dirs.State); err != nil {
+		return fail(err)
+	}
 	for _, s := range cfg.Shares {
 		plan.Shares = append(plan.Shares, runtime.Share{Source: s.Path, Target: s.Target, RW: s.RW})
 	}
@@ -125,7 +130,7 @@ func daemonMain(dir string) int {
 		return fail(err)
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
-		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars,
+		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
 			// The host's package repositories always (the host's tools are

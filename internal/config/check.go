@@ -70,6 +70,7 @@ func (c *checker) file(raw *rawFile) *File {
 	f := &File{Path: c.path, ix: c.ix}
 	f.Sandbox = c.sandbox(&raw.Sandbox)
 	f.Shares = c.shares(raw.Shares)
+	f.Files = c.files(raw.Files)
 	f.Network = NetworkLayer{
 		Source: c.path,
 		Use:    c.list("network.use", raw.Network.Use),
@@ -608,4 +609,49 @@ func (c *checker) mode(key string, v *string) string {
 	}
 	c.fail(key, "must be %q or %q, not %q", ModeEnforce, ModeReport, *v)
 	return ""
+}
+
+// files checks [[files]]: a host source, an absolute guest target used
+// once, and an octal mode. Whether the source exists and how big it is
+// are checked at each start, when it is copied.
+func (c *checker) files(raw []rawCopy) []CopyFile {
+	var out []CopyFile
+	seen := map[string]int{}
+	for i, r := range raw {
+		key := fmt.Sprintf("files[%d]", i)
+		if r.Source == nil || *r.Source == "" || r.Target == nil || *r.Target == "" {
+			c.fail(key, `a file needs source and target; write source = "~/.gitconfig", target = "/home/agent/.gitconfig"`)
+			continue
+		}
+		src, ok := c.hostPath(key+".source", *r.Source)
+		if !ok {
+			continue
+		}
+		t := *r.Target
+		if !strings.HasPrefix(t, "/") {
+			c.fail(key+".target", "%q is not an absolute guest path; write e.g. \"/home/agent/.gitconfig\"", t)
+			continue
+		}
+		t = filepath.Clean(t)
+		if bad := reservedTarget(t); bad != "" || t == "/" {
+			c.fail(key+".target", "cannot write into %s in the guest; choose another target", t)
+			continue
+		}
+		mode := uint32(0o644)
+		if r.Mode != nil {
+			m, err := strconv.ParseUint(*r.Mode, 8, 32)
+			if err != nil || m > 0o777 {
+				c.fail(key+".mode", "%q is not a permission mode; write an octal string such as \"0600\"", *r.Mode)
+				continue
+			}
+			mode = uint32(m)
+		}
+		if j, dup := seen[t]; dup {
+			c.fail(key+".target", "%s is already written by files[%d]; give one of them another target", t, j)
+			continue
+		}
+		seen[t] = i
+		out = append(out, CopyFile{Source: src, Target: t, Mode: mode, Origin: c.path})
+	}
+	return out
 }

@@ -76,6 +76,7 @@ func (e *Error) Is(target error) bool { return target == ErrInvalid }
 type Config struct {
 	Sandbox  Sandbox           `json:"sandbox"`
 	Shares   []Share           `json:"shares,omitempty"`
+	Files    []CopyFile        `json:"files,omitempty"`
 	Network  Network           `json:"network"`
 	Secrets  map[string]Secret `json:"secrets"`
 	Env      map[string]string `json:"env"`
@@ -117,6 +118,19 @@ type Share struct {
 	// host paths it names.
 	Source string `json:"source,omitempty"`
 }
+
+// CopyFile is a [[files]] entry: a host file copied into the guest at
+// every start.
+type CopyFile struct {
+	Source string `json:"source"` // absolute host path
+	Target string `json:"target"` // absolute guest path
+	Mode   uint32 `json:"mode"`   // permission bits, default 0644
+	Origin string `json:"origin,omitempty"`
+}
+
+// MaxCopyFile bounds one [[files]] entry: configuration files and keys,
+// not datasets (those are [[shares]]).
+const MaxCopyFile = 1 << 20
 
 // NetworkLayer is the network rules of one file.
 type NetworkLayer struct {

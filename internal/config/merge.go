@@ -55,6 +55,9 @@ func Merge(layers ...*File) Config {
 		for _, s := range f.Shares {
 			c.Shares = upsert(c.Shares, s, func(a, b Share) bool { return a.Target == b.Target })
 		}
+		for _, x := range f.Files {
+			c.Files = upsert(c.Files, x, func(a, b CopyFile) bool { return a.Target == b.Target })
+		}
 		c.mergeNetwork(f.Network)
 		for _, name := range sortedKeys(f.Secrets) {
 			c.Secrets[name] = f.Secrets[name]

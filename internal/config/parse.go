@@ -24,6 +24,7 @@ type File struct {
 	Path     string
 	Sandbox  SandboxLayer
 	Shares   []Share
+	Files    []CopyFile
 	Network  NetworkLayer
 	Secrets  map[string]Secret
 	Env      []EnvVar // in file order
@@ -97,6 +98,7 @@ func Parse(path string, data []byte) (*File, error) {
 type rawFile struct {
 	Sandbox  rawSandbox           `toml:"sandbox"`
 	Shares   []rawShare           `toml:"shares"`
+	Files    []rawCopy            `toml:"files"`
 	Network  rawNetwork           `toml:"network"`
 	Secrets  map[string]rawSecret `toml:"secrets"`
 	Env      map[string]any       `toml:"env"` // strings, or true: the host's value
@@ -119,6 +121,12 @@ type rawShare struct {
 	Path   *string `toml:"path"`
 	Target *string `toml:"target"`
 	RW     bool    `toml:"rw"`
+}
+
+type rawCopy struct {
+	Source *string `toml:"source"`
+	Target *string `toml:"target"`
+	Mode   *string `toml:"mode"`
 }
 
 type rawNetwork struct {
@@ -151,9 +159,10 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":          {"sandbox", "shares", "network", "secrets", "env", "forwards", "hooks"},
+	"":          {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks"},
 	"sandbox":   {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
 	"shares[]":  {"path", "target", "rw"},
+	"files[]":   {"source", "target", "mode"},
 	"network":   {"use", "allow", "block", "inspect", "trust", "mode"},
 	"secrets.*": {"from", "hosts", "header", "query", "require"},
 	"forwards":  {"ports", "reverse"},
@@ -177,6 +186,8 @@ var (
 	wantPorts   = want{`a list of ports, e.g. [3000, "8080:80"]`, []unstable.Kind{unstable.Array}}
 	wantPort    = want{`a port (3000) or a "host:guest" string ("8080:80")`, []unstable.Kind{unstable.Integer, unstable.String}}
 	wantShares  = want{"a list of tables: write [[shares]] sections", []unstable.Kind{unstable.Array, unstable.ArrayTable}}
+	wantFiles   = want{"a list of tables: write [[files]] sections", []unstable.Kind{unstable.Array, unstable.ArrayTable}}
+	wantMode    = want{`an octal mode string such as "0600" (with quotes)`, []unstable.Kind{unstable.String}}
 	wantShare   = want{"a table", []unstable.Kind{unstable.ArrayTable, unstable.InlineTable}}
 	wantEnv     = want{`a string ("literal", "${HOST_VAR:-default}") or true (the host's value of the same name)`, []unstable.Kind{unstable.String, unstable.Bool}}
 	wantSecrets = want{"a table of [secrets.NAME] tables", []unstable.Kind{unstable.Table, unstable.InlineTable}}
@@ -198,6 +209,11 @@ var wants = map[string]want{
 	"shares[].path":        wantString,
 	"shares[].target":      wantString,
 	"shares[].rw":          wantBool,
+	"files":                wantFiles,
+	"files[]":              wantShare,
+	"files[].source":       wantString,
+	"files[].target":       wantString,
+	"files[].mode":         wantMode,
 	"network":              wantTable,
 	"network.use":          wantList,
 	"network.allow":        wantList,

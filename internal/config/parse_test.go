@@ -176,7 +176,7 @@ func TestParseErrors(t *testing.T) {
 		{"unknown in sandbox", "\n\n[sandbox]\nimgae = \"x\"",
 			[]string{`moat.toml:4:1: unknown key "sandbox.imgae"; ` + known, `did you mean "image"?`}},
 		{"unknown top level key", `zap = 1`,
-			[]string{`moat.toml:1:1: unknown key "zap"; known top-level tables: sandbox, shares, network, secrets, env, forwards, hooks`}},
+			[]string{`moat.toml:1:1: unknown key "zap"; known top-level tables: sandbox, shares, files, network, secrets, env, forwards, hooks`}},
 		{"unknown top level table", "[netwrok]\nallow = []",
 			[]string{`moat.toml:1:2: unknown key "netwrok"`, `did you mean "network"?`}},
 		{"unknown dotted", `sandbox.memory.max = "1GiB"`,
@@ -226,6 +226,10 @@ func TestParseErrors(t *testing.T) {
 		{"secret header type", "[secrets.GH]\nheader = 1", []string{"secrets.GH.header: expected a string"}},
 		{"secret require type", "[secrets.GH]\nrequire = \"yes\"", []string{"secrets.GH.require: expected true or false, got a string"}},
 		{"secret query type", "[secrets.GH]\nquery = [\"key\"]", []string{"secrets.GH.query: expected a string, got a list"}},
+		{"file without target", "[[files]]\nsource = \"a\"", []string{"files[0]: a file needs source and target"}},
+		{"file mode", "[[files]]\nsource = \"a\"\ntarget = \"/x\"\nmode = \"rw\"", []string{`4:8: files[0].mode: "rw" is not a permission mode`}},
+		{"file relative target", "[[files]]\nsource = \"a\"\ntarget = \"x\"", []string{`files[0].target: "x" is not an absolute guest path`}},
+		{"file into proc", "[[files]]\nsource = \"a\"\ntarget = \"/proc/x\"", []string{`files[0].target: cannot write into /proc/x`}},
 		{"env false", "[env]\nA = false", []string{"2:5: env.A: false means nothing here; write A = true to pass the host's value, or remove the line"}},
 		{"inspect type", "[network]\ninspect = \"yes\"", []string{"2:11: network.inspect: expected true or false, got a string"}},
 		{"mode value", "[network]\nmode = \"learn\"", []string{`2:8: network.mode: must be "enforce" or "report", not "learn"`}},
@@ -529,5 +533,27 @@ block = ["Telemetry.Example.com."]
 	// Secret hosts are not network rules and keep their own check.
 	if _, err := parse(t, "[secrets.GH]\nfrom = \"env:GH\"\nhosts = [\"x\"]"); err != nil {
 		t.Errorf("secret with host x: %v", err)
+	}
+}
+
+func TestParseFiles(t *testing.T) {
+	f, err := Parse("/work/proj/moat.toml", []byte(`[[files]]
+source = "keys/deploy.pem"
+target = "/home/agent/.ssh/deploy.pem"
+mode = "0600"
+
+[[files]]
+source = "/etc/gitconfig"
+target = "/etc/gitconfig/"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []CopyFile{
+		{Source: "/work/proj/keys/deploy.pem", Target: "/home/agent/.ssh/deploy.pem", Mode: 0o600, Origin: "/work/proj/moat.toml"},
+		{Source: "/etc/gitconfig", Target: "/etc/gitconfig", Mode: 0o644, Origin: "/work/proj/moat.toml"},
+	}
+	if !reflect.DeepEqual(f.Files, want) {
+		t.Errorf("got %+v, want %+v", f.Files, want)
 	}
 }

@@ -69,6 +69,8 @@ type Options struct {
 	// (hooks.go); Env is the configuration's [env], for their sessions.
 	Hooks config.Hooks
 	Env   []config.EnvVar
+	// Files are copied into the guest at every start, before the hooks.
+	Files []config.CopyFile
 }
 
 type daemon struct {

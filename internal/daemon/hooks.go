@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -73,6 +75,9 @@ func (h *hookOut) flush() {
 // runHooks runs the hooks this start needs. An error means on_create
 // failed and the sandbox must not be reported running.
 func (d *daemon) runHooks(ctx context.Context) error {
+	if err := d.copyFiles(ctx); err != nil {
+		return err
+	}
 	hooks := d.o.Hooks
 	if len(hooks.OnCreate) == 0 && len(hooks.OnUp) == 0 {
 		return nil
@@ -182,4 +187,78 @@ func (d *daemon) hooks(ctx context.Context, exited chan error, sigs chan os.Sign
 		<-done
 	}
 	return nil
+}
+
+// copyFiles writes the [[files]] into the guest, each at every start: a
+// key or a config file edited on the host reaches the guest at the next
+// start. The source is read here, on the host (at most
+// config.MaxCopyFile bytes, a regular file, never inside moat's state),
+// and written in the guest by root through sudo, owned by the agent user,
+// so a target outside the agent's home works too. A file that cannot be
+// copied fails the start: a hook or agent expecting it would fail later,
+// further from the cause.
+func (d *daemon) copyFiles(ctx context.Context) error {
+	for _, f := range d.o.Files {
+		data, err := readCopySource(f, d.o.Dir)
+		if err != nil {
+			return err
+		}
+		var out bytes.Buffer
+		// Missing directories are made by the agent user where it may
+		// (its home), so ~/.config stays its own; by root elsewhere.
+		script := `d=$(dirname "$1"); sudo -n -u agent mkdir -p "$d" 2>/dev/null || mkdir -p "$d" || exit 1
+umask 077; cat > "$1" && chmod "$2" "$1" && chown agent:agent "$1"`
+		code, err := d.proxy.Exec(ctx, session.Options{
+			Argv:  []string{"sudo", "-n", "/bin/sh", "-c", script, "sh", f.Target, fmt.Sprintf("%04o", f.Mode)},
+			Stdin: bytes.NewReader(data), Stdout: &out, Stderr: &out,
+		})
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit status %d: %s", code, strings.TrimSpace(out.String()))
+		}
+		if err != nil {
+			return fmt.Errorf("copying %s to %s in the guest (files from %s): %v", f.Source, f.Target, f.Origin, err)
+		}
+		d.log.Info("file copied into the guest", "source", f.Source, "target", f.Target, "bytes", len(data))
+	}
+	return nil
+}
+
+// readCopySource reads a [[files]] source after checking it.
+func readCopySource(f config.CopyFile, stateDir string) ([]byte, error) {
+	where := fmt.Sprintf("%s (files from %s)", f.Source, f.Origin)
+	real, err := filepath.EvalSymlinks(f.Source)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w; create it or remove the entry", where, err)
+	}
+	if home := filepath.Dir(filepath.Dir(stateDir)); within(real, home) {
+		return nil, fmt.Errorf("%s resolves into moat's state (%s); copy something else", where, home)
+	}
+	st, err := os.Stat(real)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file; [[files]] copies files (share a directory with [[shares]])", where)
+	}
+	if st.Size() > config.MaxCopyFile {
+		return nil, fmt.Errorf("%s is %d bytes, over the %d-byte limit of [[files]]; share it with [[shares]] instead", where, st.Size(), config.MaxCopyFile)
+	}
+	fh, err := os.Open(real)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", where, err)
+	}
+	defer fh.Close()
+	data, err := io.ReadAll(io.LimitReader(fh, config.MaxCopyFile+1))
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", where, err)
+	}
+	if len(data) > config.MaxCopyFile {
+		return nil, fmt.Errorf("%s grew over the %d-byte limit of [[files]] while being read", where, config.MaxCopyFile)
+	}
+	return data, nil
+}
+
+// within reports whether p is dir or inside it.
+func within(p, dir string) bool {
+	return p == dir || strings.HasPrefix(p, dir+string(filepath.Separator))
 }

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bytes"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -130,4 +131,49 @@ func TestEnvAndHooks(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestFilesAndShares: [[files]] reach the guest with their mode and owner at start; a share
+// that resolves into moat's state, or to a socket, refuses the start.
+func TestFilesAndShares(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "tool.conf")
+	if err := os.WriteFile(src, []byte("token-file-contents\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	dir := project(t, "files-e2e")
+	toml := "[[files]]\nsource = \"" + src + "\"\ntarget = \"/home/agent/.config/tool/tool.conf\"\nmode = \"0640\"\n" +
+		"\n[[files]]\nsource = \"" + src + "\"\ntarget = \"/etc/tool.conf\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r := moat(t, dir, nil, "run", "--", "sh", "-c", "stat -c '%a %U' /home/agent/.config/tool/tool.conf /etc/tool.conf; cat /home/agent/.config/tool/tool.conf")
+	if want := "640 agent\n644 agent\ntoken-file-contents\n"; r.code != 0 || r.stdout != want {
+		t.Fatalf("files in the guest: exit %d, %q, want %q (stderr %q)", r.code, r.stdout, want, r.stderr)
+	}
+
+	links := t.TempDir()
+	intoState := filepath.Join(links, "state-link")
+	if err := os.Symlink(filepath.Join(moatHome, "state"), intoState); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(links, "agent.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	for _, tc := range []struct{ name, path, want string }{
+		{"share-state-e2e", intoState + "/sandboxes", "inside moat's state"},
+		{"share-home-e2e", moatHome, "contains moat's state"},
+		{"share-sock-e2e", sock, "is a socket"},
+	} {
+		d := project(t, tc.name)
+		if err := os.WriteFile(filepath.Join(d, "moat.toml"), []byte("[[shares]]\npath = \""+tc.path+"\"\ntarget = \"/x\"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		r := moat(t, d, nil, "up")
+		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%s: share of %s: exit %d, stderr %q; want a refusal saying %q", tc.name, tc.path, r.code, r.stderr, tc.want)
+		}
+	}
 }
