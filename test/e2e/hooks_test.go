@@ -8,8 +8,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 const hooksToml = `[env]
@@ -175,5 +177,26 @@ func TestFilesAndShares(t *testing.T) {
 		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
 			t.Errorf("%s: share of %s: exit %d, stderr %q; want a refusal saying %q", tc.name, tc.path, r.code, r.stderr, tc.want)
 		}
+	}
+}
+
+// TestGuestClockIsHostClock: the guest's wall clock is the host's (gVisor's Sentry derives it
+// from the host's clocks, which is what keeps it right across a host suspend and resume).
+// A suspend itself cannot be simulated here; this checks the two agree.
+func TestGuestClockIsHostClock(t *testing.T) {
+	dir := project(t, "clock-e2e")
+	before := time.Now()
+	r := moat(t, dir, nil, "run", "--", "date", "+%s.%N")
+	after := time.Now()
+	if r.code != 0 {
+		t.Fatalf("date in the guest: exit %d, %s", r.code, r.stderr)
+	}
+	secs, err := strconv.ParseFloat(strings.TrimSpace(r.stdout), 64)
+	if err != nil {
+		t.Fatalf("date printed %q", r.stdout)
+	}
+	guest := time.Unix(0, int64(secs*1e9))
+	if guest.Before(before.Add(-time.Second)) || guest.After(after.Add(time.Second)) {
+		t.Errorf("guest clock %v, host clock between %v and %v", guest, before, after)
 	}
 }
