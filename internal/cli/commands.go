@@ -37,16 +37,11 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 	if err != nil {
 		return err
 	}
-	c, err := e.startSession(dir, true)
-	if err != nil {
-		return withCode(ExitRun, err)
-	}
 	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGPIPE)
 	defer cancel()
-	if c == nil {
-		if c, err = sshClient(ctx, dir); err != nil {
-			return withCode(ExitRun, err)
-		}
+	c, err := e.connect(ctx, dir)
+	if err != nil {
+		return withCode(ExitRun, err)
 	}
 	defer c.Close()
 	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))

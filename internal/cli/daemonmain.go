@@ -131,6 +131,7 @@ func daemonMain(dir string) int {
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
+		IdleTimeout: idleTimeout(cfg.Sandbox),
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
 			// The host's package repositories always (the host's tools are

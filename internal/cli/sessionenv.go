@@ -1,11 +1,16 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"time"
+
+	"golang.org/x/crypto/ssh"
 
 	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/state"
 )
 
@@ -68,4 +73,42 @@ func withConfigEnv(dir string, sessEnv map[string]string) (map[string]string, er
 		sessEnv[k] = v
 	}
 	return sessEnv, nil
+}
+
+// idleTimeout is the daemon's idle stop setting: 0 for "off".
+func idleTimeout(s config.Sandbox) time.Duration {
+	if s.IdleOff {
+		return 0
+	}
+	return s.IdleTimeout
+}
+
+// connect starts the sandbox if need be and connects to its agent. A
+// command that races an idle stop (the daemon refuses new sessions once it
+// has decided to stop, or is gone by the time we dial) waits for the stop
+// to finish and starts the sandbox again: it gets a started sandbox, never
+// an error.
+func (e *env) connect(ctx context.Context, dir string) (*ssh.Client, error) {
+	for attempt := 0; ; attempt++ {
+		c, err := e.startSession(dir, true)
+		if err != nil {
+			return nil, err
+		}
+		if c != nil {
+			return c, nil
+		}
+		c, err = sshClient(ctx, dir)
+		if err == nil {
+			return c, nil
+		}
+		if attempt > 0 || (!control.IsStopping(err) && state.DaemonAlive(dir)) {
+			return nil, err
+		}
+		// The daemon is stopping: wait until it is gone (bounded), then
+		// start afresh.
+		deadline := time.Now().Add(90 * time.Second)
+		for state.DaemonAlive(dir) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }

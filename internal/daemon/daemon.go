@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -71,19 +72,26 @@ type Options struct {
 	Env   []config.EnvVar
 	// Files are copied into the guest at every start, before the hooks.
 	Files []config.CopyFile
+	// IdleTimeout stops the sandbox after that long idle (idle.go); 0: never.
+	IdleTimeout time.Duration
 }
 
 type daemon struct {
-	o        Options
-	log      *slog.Logger
-	stack    *netstack.Stack
-	net      *network
-	proxy    *session.Proxy // every session's way to the guest agent
-	ca       *tlsca.CA      // mints the leaves of intercepted hosts
-	creds    *credentials   // the secrets, swapped whole when a preset adds some
-	sessions atomic.Int64
-	shimPID  atomic.Int64
-	started  time.Time
+	o       Options
+	log     *slog.Logger
+	stack   *netstack.Stack
+	net     *network
+	proxy   *session.Proxy // every session's way to the guest agent
+	ca      *tlsca.CA      // mints the leaves of intercepted hosts
+	creds   *credentials   // the secrets, swapped whole when a preset adds some
+	sess    idleGate       // attached sessions, and the idle stop's word
+	shimPID atomic.Int64
+	started time.Time
+
+	// idleMu guards the idle watchdog's last sample, for status.
+	idleMu     sync.Mutex
+	lastSample idleSample
+	idleSince  time.Time
 
 	stopOnce   sync.Once
 	stopReason string
@@ -187,6 +195,7 @@ func (d *daemon) run() error {
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
 	d.log.Info("sandbox running", "boot_ms", time.Since(d.started).Milliseconds())
 	close(d.booted)
+	go d.watchIdle(ctx)
 	if d.o.Ready != nil {
 		fmt.Fprintln(d.o.Ready, "ok")
 		d.o.Ready.Close()
@@ -423,7 +432,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec, _ := state.Load(d.o.Dir)
-	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: int(d.sessions.Load()), Image: d.o.ImageRef}
+	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef}
 	if d.net != nil {
 		st.Denials = d.net.ledger.Total()
 	}
@@ -463,8 +472,15 @@ func (d *daemon) handleSSH(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		return
 	}
-	d.sessions.Add(1)
-	defer d.sessions.Add(-1)
+	if !d.sess.enter() {
+		// Hijacked already: answer by hand.
+		b := `{"schema":1,"error":"` + control.ErrStopping + `"}`
+		brw.WriteString("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b)
+		brw.Flush()
+		conn.Close()
+		return
+	}
+	defer d.sess.leave()
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + control.UpgradeProto + "\r\n\r\n")
 	brw.Flush()
 	d.proxy.Serve(control.Hijacked(conn, brw.Reader))

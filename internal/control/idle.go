@@ -1,0 +1,13 @@
+package control
+
+import "strings"
+
+// ErrStopping is the error of a GET /v1/ssh (503) that reached a daemon
+// already stopping its sandbox (idle stop): the caller waits for the stop
+// and starts the sandbox again.
+const ErrStopping = "the sandbox is stopping"
+
+// IsStopping reports whether err is a daemon's ErrStopping refusal.
+func IsStopping(err error) bool {
+	return err != nil && strings.Contains(err.Error(), ErrStopping)
+}
