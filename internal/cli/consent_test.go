@@ -33,3 +33,41 @@ func TestProjectAsks(t *testing.T) {
 		t.Errorf("the user's own secret needs no consent, got %q", got)
 	}
 }
+
+func TestProjectAsksWidening(t *testing.T) {
+	const user = "/root/.config/moat/config.toml"
+	const proj = "/src/repo/moat.toml"
+	cfg := config.Config{
+		Network: config.Network{Layers: []config.NetworkLayer{
+			{Source: user, Allow: []string{"mine.example"}, Use: []string{"corp"}},
+			{Source: proj, Allow: []string{"a.example", "GET b.example/*"}, Use: []string{"default", "ads-ok"}, Mode: config.ModeReport},
+		}},
+		Shares: []config.Share{
+			{Path: "/root/data", Target: "/data", Source: user},
+			{Path: "/root/.aws", Target: "/aws", RW: true, Source: proj},
+		},
+		Files: []config.CopyFile{
+			{Source: "/src/repo/conf/tool.yml", Target: "/etc/tool.yml", Origin: proj}, // inside the project: nothing new
+			{Source: "/root/.netrc", Target: "/home/agent/.netrc", Origin: proj},
+		},
+		EnvVars: []config.EnvVar{
+			{Name: "MODE", Value: "dev", Source: proj},
+			{Name: "EDITOR", Pass: true, Source: user},
+			{Name: "AWS_SECRET_ACCESS_KEY", Pass: true, Source: proj},
+			{Name: "TOKEN", Value: "${GITHUB_TOKEN:-}", Source: proj},
+		},
+	}
+	want := []string{
+		proj + ": network.allow lets the sandbox reach a.example, GET b.example/*",
+		proj + ": network.use adds the named policies ads-ok",
+		proj + `: network.mode = "report" lets through everything the policy would deny`,
+		proj + ": shares host path /root/.aws at /aws, read-write",
+		proj + ": files copies host file /root/.netrc into the guest at /home/agent/.netrc",
+		proj + ": env AWS_SECRET_ACCESS_KEY copies the host's $AWS_SECRET_ACCESS_KEY into the sandbox",
+		proj + `: env TOKEN = "${GITHUB_TOKEN:-}" reads host variables into the sandbox`,
+	}
+	got := projectAsks(cfg, user)
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -461,7 +461,7 @@ func (c *checker) env(raw map[string]any) []EnvVar {
 				c.fail(e.key, "false means nothing here; write %s = true to pass the host's value, or remove the line", name)
 				continue
 			}
-			out = append(out, EnvVar{Name: name, Pass: true})
+			out = append(out, EnvVar{Name: name, Pass: true, Source: c.path})
 			continue
 		case string:
 			v = x
@@ -473,7 +473,7 @@ func (c *checker) env(raw map[string]any) []EnvVar {
 			c.failErr(e.key, err)
 			continue
 		}
-		out = append(out, EnvVar{Name: name, Value: v})
+		out = append(out, EnvVar{Name: name, Value: v, Source: c.path})
 	}
 	return out
 }

@@ -202,7 +202,9 @@ type EnvVar struct {
 	Value string `json:"value"`
 	// Pass (NAME = true) takes the host's value of NAME as it is; an
 	// unset NAME stays unset in the guest.
-	Pass bool `json:"pass,omitempty"`
+	Pass   bool   `json:"pass,omitempty"`
+	Source string `json:"source,omitempty"` // file that defined it
+
 }
 
 // Forward is one port forward. Both lists use "host:guest" order, so the

@@ -123,7 +123,7 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 	if n.Mode != "" {
 		c.Network.Mode = n.Mode
 	}
-	if len(n.Use)+len(n.Allow)+len(n.Block)+len(n.Trust) > 0 || n.Inspect != nil {
+	if len(n.Use)+len(n.Allow)+len(n.Block)+len(n.Trust) > 0 || n.Inspect != nil || n.Mode != "" {
 		c.Network.Layers = append(c.Network.Layers, n)
 	}
 }

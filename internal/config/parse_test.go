@@ -106,10 +106,10 @@ on_up = ["./scripts/start-db.sh"]
 				Source: "/work/proj/moat.toml"},
 		},
 		Env: []EnvVar{
-			{Name: "ZED", Value: "last?"},
-			{Name: "DATABASE_URL", Value: "${DATABASE_URL:?set DATABASE_URL on the host}"},
-			{Name: "MODE", Value: "${MODE:-dev}"},
-			{Name: "EDITOR", Pass: true},
+			{Name: "ZED", Value: "last?", Source: "/work/proj/moat.toml"},
+			{Name: "DATABASE_URL", Value: "${DATABASE_URL:?set DATABASE_URL on the host}", Source: "/work/proj/moat.toml"},
+			{Name: "MODE", Value: "${MODE:-dev}", Source: "/work/proj/moat.toml"},
+			{Name: "EDITOR", Pass: true, Source: "/work/proj/moat.toml"},
 		},
 		Forwards: Forwards{
 			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},

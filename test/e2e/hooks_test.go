@@ -4,9 +4,11 @@ package e2e
 
 import (
 	"bytes"
+	"errors"
 	"io/fs"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -198,5 +200,36 @@ func TestGuestClockIsHostClock(t *testing.T) {
 	guest := time.Unix(0, int64(secs*1e9))
 	if guest.Before(before.Add(-time.Second)) || guest.After(after.Add(time.Second)) {
 		t.Errorf("guest clock %v, host clock between %v and %v", guest, before, after)
+	}
+}
+
+// TestProjectConsent: a project file that widens the user's policy or reaches host files needs
+// the user's consent before a sandbox is made from it (ATTACKS 29); without a terminal, that is
+// --trust-project.
+func TestProjectConsent(t *testing.T) {
+	dir := project(t, "consent-e2e")
+	toml := "[network]\nallow = [\"widen-consent.test\"]\n\n[env]\nSTOLEN = \"${MOAT_TEST_HOST_ONLY}\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(moatBin, "up")
+	cmd.Dir, cmd.Env = dir, moatEnv(nil)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+		t.Fatalf("up without consent: %v, want exit 2; stderr %s", err, stderr.String())
+	}
+	for _, want := range []string{"network.allow lets the sandbox reach widen-consent.test", "env STOLEN", "--trust-project"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("the refusal does not say %q:\n%s", want, stderr.String())
+		}
+	}
+	if r := moat(t, dir, nil, "list"); strings.Contains(r.stdout, "consent-e2e") {
+		t.Error("a sandbox was created without consent")
+	}
+	if r := moat(t, dir, nil, "up"); r.code != 0 { // the helper passes --trust-project
+		t.Fatalf("up --trust-project: exit %d %s", r.code, r.stderr)
 	}
 }
