@@ -356,6 +356,8 @@ type listEntry struct {
 	Sessions   int       `json:"sessions"`
 	Denials    int64     `json:"denials"` // connections the gate denied since the daemon started
 	Error      string    `json:"error,omitempty"`
+	// Resources: CPU, memory and pids of a running sandbox (resources.go).
+	Resources *control.Resources `json:"resources,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -369,6 +371,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		defer cancel()
 		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
+			le.Resources = s.Resources
 		}
 	}
 	return le
@@ -405,10 +408,11 @@ func newListCmd() *cobra.Command {
 				return json.NewEncoder(out).Encode(map[string]any{"schema": 1, "sandboxes": entries})
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tIMAGE\tWORKSPACE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tCPU\tMEMORY\tIMAGE\tWORKSPACE")
 			for _, r := range recs {
 				le := e.entry(r)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", le.Name, stateText(le), le.Image, le.Workspace)
+				cpu, mem := resourceColumns(le.Resources)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", le.Name, stateText(le), cpu, mem, le.Image, le.Workspace)
 			}
 			return tw.Flush()
 		},
@@ -442,6 +446,7 @@ func newStatusCmd() *cobra.Command {
 			if !le.Started.IsZero() {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
 			}
+			printResources(out, le.Resources)
 			if le.Error != "" {
 				fmt.Fprintf(out, "last error: %s\n", le.Error)
 			}

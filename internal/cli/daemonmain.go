@@ -16,6 +16,7 @@ import (
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 )
@@ -132,6 +133,7 @@ func daemonMain(dir string) int {
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
 		IdleTimeout: idleTimeout(cfg.Sandbox),
+		Limits:      limitsPtr(resources.FromConfig(cfg.Sandbox)),
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
 			// The host's package repositories always (the host's tools are

@@ -299,6 +299,15 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 	if _, err := os.Stat(e.runsc); err != nil {
 		return nil, codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
 	}
+	// Admission (issue 6): refuse a sandbox that does not fit in RAM; the
+	// host-wide lock is held until the new daemon counts as running.
+	release, err := e.admit(dir)
+	if err != nil {
+		return nil, err
+	}
+	done := make(chan struct{})
+	defer close(done)
+	go releaseWhenStarted(dir, time.Now(), release, done)
 	return e.spawnDaemon(dir, connect)
 }
 

@@ -47,6 +47,8 @@ type Status struct {
 	Image     string    `json:"image"`
 	Workspace string    `json:"workspace"`
 	Denials   int64     `json:"denials"` // connections the gate denied since start
+	// Resources is nil when the sandbox runs without a cgroup.
+	Resources *Resources `json:"resources,omitempty"`
 }
 
 // StopRequest is the body of POST /v1/stop.

@@ -36,6 +36,7 @@ import (
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
@@ -74,6 +75,9 @@ type Options struct {
 	Files []config.CopyFile
 	// IdleTimeout stops the sandbox after that long idle (idle.go); 0: never.
 	IdleTimeout time.Duration
+	// Limits are applied through the sandbox's own cgroup (resources.go);
+	// nil runs the sandbox without one.
+	Limits *resources.Limits
 }
 
 type daemon struct {
@@ -87,6 +91,9 @@ type daemon struct {
 	sess    idleGate       // attached sessions, and the idle stop's word
 	shimPID atomic.Int64
 	started time.Time
+
+	group     *resources.Group // the sandbox's cgroup; nil without Options.Limits
+	hostLevel atomic.Int32     // the elastic loop's last resources.Level, for status
 
 	// idleMu guards the idle watchdog's last sample, for status.
 	idleMu     sync.Mutex
@@ -121,6 +128,15 @@ func (d *daemon) run() error {
 	defer release()
 	os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600)
 
+	// The sandbox's cgroup (resources.go) before prepare writes the plan,
+	// which the shim joins it by; removed once the shim is gone (this
+	// defer runs after every later one).
+	removeGroup, err := d.startGroup()
+	if err != nil {
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	defer removeGroup()
 	if err := d.prepare(); err != nil {
 		d.setStopped(state.StopError, err)
 		return err
@@ -196,6 +212,7 @@ func (d *daemon) run() error {
 	d.log.Info("sandbox running", "boot_ms", time.Since(d.started).Milliseconds())
 	close(d.booted)
 	go d.watchIdle(ctx)
+	go d.elastic(ctx)
 	if d.o.Ready != nil {
 		fmt.Fprintln(d.o.Ready, "ok")
 		d.o.Ready.Close()
@@ -436,6 +453,7 @@ func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	if d.net != nil {
 		st.Denials = d.net.ledger.Total()
 	}
+	st.Resources = d.resourceStatus()
 	if rec != nil {
 		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
 	}

@@ -43,6 +43,15 @@ type Plan struct {
 	Workspace string   `json:"workspace"` // project dir, mounted read-write at the same path
 	Shares    []Share  `json:"shares"`
 	Debug     bool     `json:"debug"` // runsc --debug logs into the state dir
+	// Cgroup is the sandbox's cgroup (resources.Group.JSON), which the
+	// shim joins before it starts anything; CgroupsPath is what runsc gets
+	// as linux.cgroupsPath to find that same group and size the guest
+	// from its limits. Without them runsc runs with --ignore-cgroups.
+	Cgroup      json.RawMessage `json:"cgroup,omitempty"`
+	CgroupsPath string          `json:"cgroups_path,omitempty"`
+	// PidsMax is also the guest's RLIMIT_NPROC, so a fork bomb of the
+	// agent user fails with EAGAIN inside the guest; 0: no limit.
+	PidsMax int `json:"pids_max,omitempty"`
 }
 
 // Paths inside a sandbox's state dir. These names are on disk: frozen.
@@ -79,6 +88,22 @@ func ReadPlan(path string) (*Plan, error) {
 	return &p, nil
 }
 
+// runscArgs are RunscArgs for this plan: without --ignore-cgroups when the
+// sandbox has its own cgroup.
+func (p *Plan) runscArgs(debug bool) []string {
+	a := RunscArgs(p.StateDir, debug)
+	if p.CgroupsPath == "" {
+		return a
+	}
+	out := a[:0:0]
+	for _, f := range a {
+		if f != "--ignore-cgroups" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // RunscArgs are the global flags every runsc call for this sandbox uses.
 func RunscArgs(stateDir string, debug bool) []string {
 	a := []string{
@@ -86,7 +111,7 @@ func RunscArgs(stateDir string, debug bool) []string {
 		"--platform=systrap", // no /dev/kvm on the machines moat targets first
 		"--network=sandbox",  // gVisor's netstack owns tap0; the host kernel routes nothing
 		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
-		"--ignore-cgroups",   // limits are applied by moat itself, which also cleans them up
+		"--ignore-cgroups",   // dropped when moat made the sandbox's cgroup (Plan.runscArgs)
 		"--host-uds=none",    // no host unix sockets reachable (ATTACKS 8)
 		"--allow-suid",       // sudo in the guest: it elevates to root of the guest kernel only
 		"--log-format=text",

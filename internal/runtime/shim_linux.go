@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/resources"
 )
 
 // ShimFD is the fd on which the shim sends the TAP fd to the daemon.
@@ -31,6 +32,13 @@ func Shim(planPath string) error {
 	p, err := ReadPlan(planPath)
 	if err != nil {
 		return err
+	}
+	// Into the sandbox's cgroup before anything else, so that runsc's
+	// sandbox and gofer are born inside it.
+	if len(p.Cgroup) > 0 {
+		if err := resources.Enter(p.Cgroup); err != nil {
+			return err
+		}
 	}
 	// A /proc of this PID namespace, so runsc's view of pids is its own.
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
@@ -81,7 +89,7 @@ func superviseRunsc(p *Plan, bundle string) error {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
 	pidFile := filepath.Join(bundle, "sandbox.pid")
-	run := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, p.Debug), "run", "--detach", "--pid-file="+pidFile, "--bundle="+bundle, p.ID)...)
+	run := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "run", "--detach", "--pid-file="+pidFile, "--bundle="+bundle, p.ID)...)
 	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
 	if err := run.Run(); err != nil {
 		return fmt.Errorf("runsc run: %w", err)
@@ -97,7 +105,7 @@ func superviseRunsc(p *Plan, bundle string) error {
 		}
 		switch <-sigs {
 		case syscall.SIGTERM, syscall.SIGINT:
-			kill := exec.Command(p.Runsc, append(RunscArgs(p.StateDir, false), "kill", p.ID, "TERM")...)
+			kill := exec.Command(p.Runsc, append(p.runscArgs(false), "kill", p.ID, "TERM")...)
 			kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
 			kill.Run()
 			time.AfterFunc(StopGrace, func() { unix.Kill(-1, unix.SIGKILL) })

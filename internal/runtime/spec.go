@@ -48,6 +48,10 @@ func (p *Plan) ociSpec(root string, binds []bindMount) *specs.Spec {
 	for _, s := range p.Shares {
 		mounts = append(mounts, bind(s.Source, s.Target, s.RW))
 	}
+	var rlimits []specs.POSIXRlimit
+	if p.PidsMax > 0 {
+		rlimits = append(rlimits, specs.POSIXRlimit{Type: "RLIMIT_NPROC", Hard: uint64(p.PidsMax), Soft: uint64(p.PidsMax)})
+	}
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -56,11 +60,13 @@ func (p *Plan) ociSpec(root string, binds []bindMount) *specs.Spec {
 			Env:          env,
 			Cwd:          "/",
 			Capabilities: caps,
+			Rlimits:      rlimits,
 		},
 		Root:     &specs.Root{Path: root},
 		Hostname: p.Hostname,
 		Mounts:   mounts,
 		Linux: &specs.Linux{
+			CgroupsPath: p.CgroupsPath,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				{Type: specs.IPCNamespace},

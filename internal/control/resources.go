@@ -1,0 +1,20 @@
+package control
+
+// Resources is Status.resources: the sandbox's cgroup, read when asked.
+// Fields are only ever added.
+type Resources struct {
+	CPUs                int     `json:"cpus"`                  // CPU quota, whole CPUs
+	CPUSeconds          float64 `json:"cpu_seconds"`           // CPU time used since start
+	MemoryUsageBytes    uint64  `json:"memory_usage_bytes"`    // charged to the sandbox now
+	MemoryLimitBytes    uint64  `json:"memory_limit_bytes"`    // current soft limit (elastic)
+	MemoryBaselineBytes uint64  `json:"memory_baseline_bytes"` // config memory: the soft limit's floor
+	MemoryCeilingBytes  uint64  `json:"memory_ceiling_bytes"`  // config memory_max: the hard limit
+	// MemoryPressure is the sandbox's own PSI "some" avg10 in percent;
+	// -1 where the host has none (cgroup v1).
+	MemoryPressure float64 `json:"memory_pressure"`
+	HostPressure   string  `json:"host_pressure"` // calm | between | moderate | high | unknown
+	OOMKills       uint64  `json:"oom_kills"`     // processes the OOM killer took at the ceiling
+	LimitHits      uint64  `json:"limit_hits"`    // times usage reached the ceiling
+	Pids           uint64  `json:"pids"`          // host tasks in the sandbox's cgroup
+	PidsMax        int     `json:"pids_max"`
+}

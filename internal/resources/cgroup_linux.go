@@ -1,0 +1,261 @@
+package resources
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"gvisor.dev/gvisor/runsc/cgroup"
+)
+
+// GroupFile is the group's record in the sandbox's state directory: what a
+// later daemon (or `moat up`) needs to remove a group that a killed daemon
+// left. On disk: frozen.
+const GroupFile = "cgroup.json"
+
+// Group is a sandbox's cgroup.
+type Group struct {
+	cg   cgroup.Cgroup
+	v2   bool
+	path string // what runsc gets as linux.cgroupsPath
+}
+
+// groupID names the group: the sandbox's name, for a person reading
+// /sys/fs/cgroup, and a hash of its state dir, so that two MOAT_HOMEs with
+// a sandbox of the same name never share one.
+func groupID(stateDir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(stateDir)))
+	return filepath.Base(stateDir) + "-" + hex.EncodeToString(sum[:4])
+}
+
+func (l Limits) spec(softBytes uint64) *specs.LinuxResources {
+	quota := int64(l.CPUs) * cpuPeriodUs
+	period := uint64(cpuPeriodUs)
+	limit := int64(l.CeilingBytes)
+	res := &specs.LinuxResources{
+		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+		Memory: &specs.LinuxMemory{Limit: &limit},
+		Pids:   &specs.LinuxPids{Limit: int64(l.PidsMax)},
+	}
+	// Reservation is memory.soft_limit_in_bytes on v1 (the soft limit)
+	// and memory.low on v2 (the baseline's protection); v2's soft limit,
+	// memory.high, is set by SetSoft.
+	r := int64(softBytes)
+	res.Memory.Reservation = &r
+	return res
+}
+
+// Create makes the sandbox's group with its limits, removing first any
+// group a killed daemon of the same sandbox left, and records it in
+// stateDir. The soft limit starts at the ceiling.
+func Create(stateDir string, l Limits) (*Group, error) {
+	RemoveStale(stateDir)
+	id := groupID(stateDir)
+	v2 := cgroup.IsOnlyV2()
+	path := filepath.Join("moat", id) // v1: under the daemon's own group in each hierarchy
+	if v2 {
+		path = "/moat/" + id
+	}
+	cg, err := cgroup.NewFromPath(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("finding the cgroup hierarchy: %w", err)
+	}
+	res := l.spec(l.CeilingBytes)
+	if v2 {
+		r := int64(l.BaselineBytes)
+		res.Memory.Reservation = &r
+	}
+	if err := cg.Install(res); err != nil {
+		cg.Uninstall()
+		return nil, fmt.Errorf("creating the sandbox's cgroup (are the cpu, memory and pids controllers enabled? see /proc/cgroups): %w", err)
+	}
+	g := &Group{cg: cg, v2: v2, path: path}
+	if v2 {
+		// Install writes nothing when the directory already exists.
+		if err := g.set(res); err != nil {
+			g.Remove(stateDir)
+			return nil, err
+		}
+	} else {
+		// runsc, started inside the group, resolves a relative path
+		// against its own groups: "." is the group itself.
+		g.path = "."
+	}
+	if err := g.SetSoft(l.CeilingBytes); err != nil {
+		g.Remove(stateDir)
+		return nil, err
+	}
+	b, err := g.JSON()
+	if err == nil {
+		err = os.WriteFile(filepath.Join(stateDir, GroupFile), b, 0o600)
+	}
+	if err != nil {
+		g.Remove(stateDir)
+		return nil, fmt.Errorf("recording the sandbox's cgroup: %w", err)
+	}
+	return g, nil
+}
+
+func (g *Group) set(res *specs.LinuxResources) error {
+	if err := g.cg.Update(res); err != nil {
+		return fmt.Errorf("setting the sandbox's cgroup limits: %w", err)
+	}
+	return nil
+}
+
+// RunscPath is the linux.cgroupsPath that makes runsc, started inside the
+// group, use this very group.
+func (g *Group) RunscPath() string { return g.path }
+
+// JSON is the group for the shim, which joins it with Enter.
+func (g *Group) JSON() ([]byte, error) {
+	return json.Marshal(&cgroup.CgroupJSON{Cgroup: g.cg})
+}
+
+// Enter moves the calling process into the group described by b (JSON).
+// The shim calls it before it starts anything, so that runsc's sandbox
+// and gofer are born inside.
+func Enter(b []byte) error {
+	var j cgroup.CgroupJSON
+	if err := json.Unmarshal(b, &j); err != nil || j.Cgroup == nil {
+		return fmt.Errorf("reading the sandbox's cgroup: %v", err)
+	}
+	if _, err := j.Cgroup.Join(); err != nil {
+		return fmt.Errorf("joining the sandbox's cgroup: %w", err)
+	}
+	return nil
+}
+
+// Remove deletes the group (its processes must be gone; it retries for a
+// few seconds while they exit) and its record.
+func (g *Group) Remove(stateDir string) error {
+	err := g.cg.Uninstall()
+	if err == nil {
+		os.Remove(filepath.Join(stateDir, GroupFile))
+	}
+	return err
+}
+
+// RemoveStale removes the group recorded in stateDir, if any: one a killed
+// daemon could not remove. Callers make sure no daemon of the sandbox is
+// alive.
+func RemoveStale(stateDir string) error {
+	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var j cgroup.CgroupJSON
+	if err != nil || json.Unmarshal(b, &j) != nil || j.Cgroup == nil {
+		os.Remove(filepath.Join(stateDir, GroupFile))
+		return nil
+	}
+	if err := j.Cgroup.Uninstall(); err != nil {
+		return fmt.Errorf("removing the cgroup a stopped sandbox left: %w", err)
+	}
+	os.Remove(filepath.Join(stateDir, GroupFile))
+	return nil
+}
+
+// SetSoft sets the soft limit: memory.high on v2, memory.soft_limit_in_bytes
+// on v1 (through the library's Reservation).
+func (g *Group) SetSoft(bytes uint64) error {
+	if !g.v2 {
+		r := int64(bytes)
+		return g.set(&specs.LinuxResources{Memory: &specs.LinuxMemory{Reservation: &r}})
+	}
+	// The library has no memory.high (runsc itself never sets one), so
+	// this is the one value written here directly.
+	if err := os.WriteFile(filepath.Join(g.cg.MakePath("memory"), "memory.high"), []byte(strconv.FormatUint(bytes, 10)), 0); err != nil {
+		return fmt.Errorf("setting the sandbox's memory.high: %w", err)
+	}
+	return nil
+}
+
+// Stats is what the group's files say now.
+type Stats struct {
+	CPUNanos     uint64  // CPU time used since the group was made
+	UsageBytes   uint64  // memory charged to the group now
+	CeilingBytes uint64  // hard limit
+	SoftBytes    uint64  // soft limit
+	OOMKills     uint64  // processes the kernel's OOM killer took in the group
+	LimitHits    uint64  // times usage hit the ceiling (v1 memory.failcnt; v2 memory.events max)
+	SomeAvg10    float64 // the group's memory.pressure "some" avg10; -1 where there is none (v1)
+	Pids         uint64  // tasks in the group now
+}
+
+// Stats reads the group's counters. A counter the kernel does not have is
+// left zero.
+func (g *Group) Stats() (Stats, error) {
+	s := Stats{SomeAvg10: -1}
+	s.CPUNanos, _ = g.cg.CPUUsage()
+	lim, err := g.cg.MemoryLimit()
+	if err != nil {
+		return s, fmt.Errorf("reading the sandbox's memory limit: %w", err)
+	}
+	s.CeilingBytes = lim
+	mem := g.cg.MakePath("memory")
+	if g.v2 {
+		s.UsageBytes = readUint(mem, "memory.current")
+		s.SoftBytes = readUint(mem, "memory.high")
+		ev := readKeyed(mem, "memory.events")
+		s.OOMKills, s.LimitHits = ev["oom_kill"], ev["max"]
+		if p, err := os.ReadFile(filepath.Join(mem, "memory.pressure")); err == nil {
+			if some, _, err := ParsePressure(string(p)); err == nil {
+				s.SomeAvg10 = some
+			}
+		}
+		s.Pids = readUint(g.cg.MakePath("pids"), "pids.current")
+		return s, nil
+	}
+	s.UsageBytes = readUint(mem, "memory.usage_in_bytes")
+	s.SoftBytes = readUint(mem, "memory.soft_limit_in_bytes")
+	s.LimitHits = readUint(mem, "memory.failcnt")
+	s.OOMKills = readKeyed(mem, "memory.oom_control")["oom_kill"]
+	s.Pids = readUint(g.cg.MakePath("pids"), "pids.current")
+	return s, nil
+}
+
+// readUint reads a one-number cgroup file; "max" reads as MaxUint64.
+func readUint(dir, name string) uint64 {
+	b, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return 0
+	}
+	v := strings.TrimSpace(string(b))
+	if v == "max" {
+		return ^uint64(0)
+	}
+	n, _ := strconv.ParseUint(v, 10, 64)
+	return n
+}
+
+// readKeyed reads a "key value" per line cgroup file.
+func readKeyed(dir, name string) map[string]uint64 {
+	out := map[string]uint64{}
+	f, err := os.Open(filepath.Join(dir, name))
+	if err != nil {
+		return out
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), " ")
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+		if err == nil {
+			out[k] = n
+		}
+	}
+	return out
+}

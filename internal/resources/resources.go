@@ -1,0 +1,94 @@
+// Package resources keeps one sandbox from taking the host down: it applies
+// the sandbox's CPU, memory and pids limits through a cgroup, decides
+// whether a new sandbox fits in the host's RAM (admission), and moves each
+// sandbox's memory soft limit with the host's memory pressure (elastic
+// memory).
+//
+// Why gVisor's runsc/cgroup package. It is what runsc itself uses, it
+// handles cgroup v1 (and v1/v2 hybrids) and pure v2 behind one interface,
+// it serialises a group to JSON so another process (the shim) can join the
+// very same group, and it is already in the build at the pinned gVisor
+// version: no second cgroup library to keep in step. Letting runsc create
+// the cgroup from the OCI spec alone was the alternative; it was rejected
+// because runsc's group would outlive a SIGKILLed daemon (runsc --detach
+// removes it only on `runsc delete`), the shim that is PID 1 of the
+// sandbox's PID namespace would be outside it, and the daemon would have no
+// handle to move the soft limit or read usage. So moat creates and owns the
+// group, the shim joins it first thing (everything it starts, runsc's
+// sandbox and gofer, is then inside), and runsc is pointed at the same
+// group through linux.cgroupsPath instead of --ignore-cgroups: it finds the
+// group already there, so it neither changes nor removes it, but reads its
+// limits to size the guest (--cpu-num from the CPU quota, --total-memory
+// from the memory ceiling), which is how `nproc` and /proc/meminfo inside
+// show the limits.
+//
+// Where the group lives. On pure cgroup v2, at /sys/fs/cgroup/moat/<id>,
+// like the cgroupfs driver of runc and Docker: a child of the daemon's own
+// group is impossible there (a group with processes cannot delegate
+// controllers). On v1 and hybrids, at moat/<id> under the daemon's own group
+// in each hierarchy, which keeps the sandbox inside whatever the invoking
+// user was confined to. <id> is the sandbox name and a hash of its state
+// directory, so two MOAT_HOMEs never share a group.
+//
+// The soft limit is memory.high on v2 (the kernel throttles and reclaims
+// above it) and memory.soft_limit_in_bytes on v1 (reclaimed first under
+// global pressure). The ceiling is memory.max / memory.limit_in_bytes, where
+// the kernel's OOM killer acts inside the group only: the daemon, which
+// stays outside the group, is untouched. On v2 the baseline is also
+// memory.low, so the kernel protects it from reclaim.
+//
+// The decisions (admission, the elastic target) are pure functions in
+// admit.go and elastic.go; the cgroup and /proc I/O is in the _linux.go
+// files beside them.
+package resources
+
+import (
+	"fmt"
+
+	"moat.dev/moat/internal/config"
+)
+
+// MiB is 1<<20 bytes.
+const MiB = 1 << 20
+
+// Limits are one sandbox's resource limits.
+type Limits struct {
+	CPUs          int    // CPU quota in whole CPUs
+	BaselineBytes uint64 // soft limit floor: what elastic memory never goes below
+	CeilingBytes  uint64 // hard limit: past it, the guest is OOM-killed
+	PidsMax       int    // host tasks of the sandbox (sentry, gofer, shim); also the guest's RLIMIT_NPROC
+}
+
+// FromConfig takes the limits of a configuration's [sandbox]; zero values
+// (a snapshot older than these keys) get the built-in defaults.
+func FromConfig(s config.Sandbox) Limits {
+	d := config.Defaults().Sandbox
+	l := Limits{CPUs: s.CPUs, BaselineBytes: s.MemoryBytes, CeilingBytes: s.MemoryMaxBytes, PidsMax: s.PidsMax}
+	if l.CPUs <= 0 {
+		l.CPUs = d.CPUs
+	}
+	if l.CeilingBytes == 0 {
+		l.CeilingBytes = d.MemoryMaxBytes
+	}
+	if l.BaselineBytes == 0 {
+		l.BaselineBytes = min(d.MemoryBytes, l.CeilingBytes)
+	}
+	if l.BaselineBytes > l.CeilingBytes {
+		l.BaselineBytes = l.CeilingBytes
+	}
+	if l.PidsMax <= 0 {
+		l.PidsMax = d.PidsMax
+	}
+	return l
+}
+
+// cpuPeriodUs is the CFS period: the kernel's default, 100 ms.
+const cpuPeriodUs = 100000
+
+// FormatMiB prints bytes as MiB, or GiB when whole.
+func FormatMiB(b uint64) string {
+	if b >= 1<<30 && b%(1<<30) == 0 {
+		return fmt.Sprintf("%d GiB", b>>30)
+	}
+	return fmt.Sprintf("%d MiB", b/MiB)
+}
