@@ -75,6 +75,13 @@ func ParseEntry(s string) (Rule, error) {
 	if hasControl(s) {
 		return r, entryErr(s, "contains white space or control characters; %s", entryHint)
 	}
+	if !strings.Contains(s, " ") {
+		// The common case, and the one a list of 100 000 names takes:
+		// no methods.
+		if strings.ContainsAny(s, ".:/[") || !methodsAlone(s) {
+			return parseTarget(r, s, s)
+		}
+	}
 	fields := strings.Fields(s)
 	switch len(fields) {
 	case 1:
@@ -567,6 +574,9 @@ func isNumber(label string) bool {
 // written that way gets the dotted address as a hint instead of becoming
 // a name rule that matches nothing.
 func parseIPv4Shorthand(s string) (netip.Addr, bool) {
+	if i := strings.LastIndexByte(s, '.'); !isNumber(s[i+1:]) {
+		return netip.Addr{}, false // the usual name: spare the split
+	}
 	parts := strings.Split(s, ".")
 	if len(parts) > 4 {
 		return netip.Addr{}, false

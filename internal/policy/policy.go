@@ -64,6 +64,8 @@ package policy
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"sync/atomic"
 )
 
 // Action is what a rule says about the destinations it matches: Allow
@@ -186,11 +188,26 @@ type Decision struct {
 // (atomic.Pointer), so a decision never sees half an update. A nil
 // *Policy denies everything: no policy means no egress.
 type Policy struct {
+	// rules are the rules that are not plain name rules (addresses,
+	// ports, request rules), pos their places in Compile's input.
 	rules []Rule
+	pos   []int32
 	rank  []uint32 // per rule, see rankOf
 
-	exact map[string][]int32 // name → rules "name" and "name:port"
-	wild  map[string][]int32 // suffix → rules "*.suffix" and "*.suffix:port"
+	// bulk are the plain name rules ("name", "*.name": no port, methods
+	// or path), stored in 40 bytes instead of a Rule's 136: they are what
+	// a blocklist of 100 000 names is made of, and as Rules the names
+	// alone would cost more than the 30 MiB a list may. Indices into the
+	// maps below are refs: i >= 0 is rules[i], i < 0 is bulk[^i].
+	bulk   []bulkRule
+	groups []ruleGroup // the Action, Layer and Source bulk rules share
+	// made holds the Rule of a bulk rule once a Decision has named it,
+	// so every Decision naming it points at the same Rule, as for the
+	// others. 8 bytes a rule, and only the rules that decide are made.
+	made []atomic.Pointer[Rule]
+
+	exact refIndex // name → rules "name" and "name:port"
+	wild  refIndex // suffix → rules "*.suffix" and "*.suffix:port"
 
 	// Address rules by prefix length, so a lookup masks the address once
 	// per length in use instead of scanning every rule.
@@ -221,23 +238,49 @@ type Policy struct {
 // no request if it allows and every path if it blocks.
 func Compile(rules []Rule) *Policy {
 	p := &Policy{
-		rules: append([]Rule(nil), rules...),
-		rank:  make([]uint32, len(rules)),
-		exact: map[string][]int32{},
-		wild:  map[string][]int32{},
+		exact: refIndex{m: map[string]int64{}},
+		wild:  refIndex{m: map[string]int64{}},
 		addr:  map[netip.Prefix][]int32{},
 	}
+	groups := map[ruleGroup]uint16{}
+	p.bulk = make([]bulkRule, 0, len(rules))
+	bulkRefs := make([]int32, 0, len(rules)) // per bulk rule, its ref, to index after the others
+	for i := range rules {
+		r := &rules[i]
+		name := r.Name
+		if name != "" {
+			if n, err := NormalizeName(name); err == nil {
+				name = n
+			}
+		}
+		if name != "" && r.Methods == nil && r.Path == "" && r.Port == 0 && !r.Prefix.IsValid() {
+			g := ruleGroup{r.Action, r.Layer, r.Source}
+			gi, ok := groups[g]
+			if !ok && len(p.groups) < 1<<16-1 {
+				gi, ok = uint16(len(p.groups)), true
+				groups[g] = gi
+				p.groups = append(p.groups, g)
+			}
+			if ok {
+				p.bulk = append(p.bulk, bulkRule{entry: r.Entry, name: name, pos: int32(i), group: gi, wild: r.Wildcard})
+				bulkRefs = append(bulkRefs, ^int32(len(p.bulk)-1))
+				continue
+			}
+		}
+		// A copy: the caller's rules are not touched.
+		c := *r
+		c.Name = name
+		if c.Methods != nil {
+			c.Methods = upperAll(c.Methods)
+		}
+		p.rules = append(p.rules, c)
+		p.pos = append(p.pos, int32(i))
+	}
+	p.bulk = slices.Clip(p.bulk)
+	p.rank = make([]uint32, len(p.rules))
 	seen4, seen6 := map[int]bool{}, map[int]bool{}
 	for i := range p.rules {
 		r := &p.rules[i]
-		if r.Methods != nil {
-			r.Methods = upperAll(r.Methods)
-		}
-		if r.Name != "" {
-			if n, err := NormalizeName(r.Name); err == nil {
-				r.Name = n
-			}
-		}
 		if r.Name != "" && r.IsRequest() {
 			p.addRequest(int32(i))
 			continue
@@ -248,9 +291,9 @@ func Compile(rules []Rule) *Policy {
 		p.rank[i] = rankOf(r, false)
 		switch {
 		case r.Name != "" && r.Wildcard:
-			p.wild[r.Name] = append(p.wild[r.Name], int32(i))
+			p.wild.add(r.Name, int32(i))
 		case r.Name != "":
-			p.exact[r.Name] = append(p.exact[r.Name], int32(i))
+			p.exact.add(r.Name, int32(i))
 		case r.Prefix.IsValid():
 			pfx := r.Prefix.Masked()
 			r.Prefix = pfx
@@ -262,8 +305,113 @@ func Compile(rules []Rule) *Policy {
 			}
 		}
 	}
+	// No bulk rule ties with another rule (a rule with a port, or a
+	// request rule, ranks apart), so indexing them after the others
+	// keeps "the first of two equal rules" meaning the first written.
+	for _, ref := range bulkRefs {
+		b := &p.bulk[^ref]
+		if b.wild {
+			p.wild.add(b.name, ref)
+		} else {
+			p.exact.add(b.name, ref)
+		}
+	}
+	p.made = make([]atomic.Pointer[Rule], len(p.bulk))
 	p.lens4, p.lens6 = sortedLens(seen4), sortedLens(seen6)
 	return p
+}
+
+// refIndex maps a name to the refs of its rules. Most names have one
+// rule, so the map holds that ref itself (as its uint32 bit pattern, 0 to
+// 2^32-1) and only a name with more points (a negative value v) at
+// more[^v]: a map of slices would cost a slice header and an allocation
+// more per name, a third of a big list's memory.
+type refIndex struct {
+	m    map[string]int64
+	more [][]int32
+}
+
+func (x *refIndex) add(name string, ref int32) {
+	v, ok := x.m[name]
+	switch {
+	case !ok:
+		x.m[name] = int64(uint32(ref))
+	case v >= 0:
+		x.more = append(x.more, []int32{int32(uint32(v)), ref})
+		x.m[name] = ^int64(len(x.more) - 1)
+	default:
+		x.more[^v] = append(x.more[^v], ref)
+	}
+}
+
+func (x *refIndex) appendTo(out []int32, name string) []int32 {
+	v, ok := x.m[name]
+	switch {
+	case !ok:
+		return out
+	case v >= 0:
+		return append(out, int32(uint32(v)))
+	}
+	return append(out, x.more[^v]...)
+}
+
+// bulkRule is a plain name rule; see Policy.bulk.
+type bulkRule struct {
+	entry string
+	name  string
+	pos   int32
+	group uint16
+	wild  bool
+}
+
+type ruleGroup struct {
+	action Action
+	layer  Layer
+	source string
+}
+
+// rule returns the rule ref names. A bulk rule is written into scratch,
+// so a lookup allocates nothing; a Decision gets its own copy (ruleOut).
+func (p *Policy) rule(ref int32, scratch *Rule) *Rule {
+	if ref >= 0 {
+		return &p.rules[ref]
+	}
+	b := &p.bulk[^ref]
+	g := &p.groups[b.group]
+	*scratch = Rule{Entry: b.entry, Action: g.action, Layer: g.layer, Source: g.source, Name: b.name, Wildcard: b.wild}
+	return scratch
+}
+
+// ruleOut is the rule ref names, for a Decision: a pointer into the
+// Policy, the same one each time.
+func (p *Policy) ruleOut(ref int32) *Rule {
+	if ref >= 0 {
+		return &p.rules[ref]
+	}
+	m := &p.made[^ref]
+	if r := m.Load(); r != nil {
+		return r
+	}
+	m.CompareAndSwap(nil, p.rule(ref, new(Rule)))
+	return m.Load()
+}
+
+// rankAt is rankOf for the rule ref names.
+func (p *Policy) rankAt(ref int32) uint32 {
+	if ref >= 0 {
+		return p.rank[ref]
+	}
+	var r Rule
+	return rankOf(p.rule(ref, &r), false)
+}
+
+// reqAt is the compiled request part of the rule ref names, nil for a
+// rule that is not a request rule.
+func (p *Policy) reqAt(ref int32) *reqRule {
+	if ref < 0 || p.req == nil {
+		return nil
+	}
+	return p.req[ref]
 }
 
 func sortedLens(m map[int]bool) []int {
@@ -285,14 +433,18 @@ func (p *Policy) addRequest(i int32) {
 	r := &p.rules[i]
 	p.req[i] = compileRequest(r)
 	p.rank[i] = rankOf(r, true)
-	exact, wild := p.exact, p.wild
-	if r.Action != Allow {
-		exact, wild = p.bexact, p.bwild
+	if r.Action == Allow {
+		if r.Wildcard {
+			p.wild.add(r.Name, i)
+		} else {
+			p.exact.add(r.Name, i)
+		}
+		return
 	}
 	if r.Wildcard {
-		wild[r.Name] = append(wild[r.Name], i)
+		p.bwild[r.Name] = append(p.bwild[r.Name], i)
 	} else {
-		exact[r.Name] = append(exact[r.Name], i)
+		p.bexact[r.Name] = append(p.bexact[r.Name], i)
 	}
 }
 
@@ -348,11 +500,15 @@ func (p *Policy) Rules() []Rule {
 	if p == nil {
 		return nil
 	}
-	out := append([]Rule(nil), p.rules...)
-	for i := range out {
-		if out[i].Methods != nil {
-			out[i].Methods = append([]string(nil), out[i].Methods...)
+	out := make([]Rule, len(p.rules)+len(p.bulk))
+	for i, r := range p.rules {
+		if r.Methods != nil {
+			r.Methods = append([]string(nil), r.Methods...)
 		}
+		out[p.pos[i]] = r
+	}
+	for j := range p.bulk {
+		p.rule(^int32(j), &out[p.bulk[j].pos])
 	}
 	return out
 }
@@ -387,10 +543,10 @@ func (p *Policy) Name(name string, port uint16) Decision {
 // (a.b.example.com looks up b.example.com, example.com and com). That is
 // one map lookup per label however many rules there are.
 func (p *Policy) nameRules(n string, out []int32) []int32 {
-	out = append(out, p.exact[n]...)
+	out = p.exact.appendTo(out, n)
 	for i := 0; i < len(n); i++ {
 		if n[i] == '.' {
-			out = append(out, p.wild[n[i+1:]]...)
+			out = p.wild.appendTo(out, n[i+1:])
 		}
 	}
 	return out
@@ -437,8 +593,9 @@ func (p *Policy) addrRules(ip netip.Addr, out []int32) []int32 {
 func (p *Policy) decide(cands []int32, port uint16, keep func(*Rule) bool) Decision {
 	if keep != nil {
 		kept := cands[:0]
+		var scratch Rule
 		for _, i := range cands {
-			if keep(&p.rules[i]) {
+			if keep(p.rule(i, &scratch)) {
 				kept = append(kept, i)
 			}
 		}
@@ -450,6 +607,9 @@ func (p *Policy) decide(cands []int32, port uint16, keep func(*Rule) bool) Decis
 	var pbuf [16]uint16
 	ports := pbuf[:0]
 	for _, i := range cands {
+		if i < 0 {
+			continue // a bulk rule names no port
+		}
 		if pt := p.rules[i].Port; pt != 0 && !containsPort(ports, pt) {
 			ports = append(ports, pt)
 		}
@@ -491,22 +651,21 @@ func containsPort(ports []uint16, pt uint16) bool {
 // at picks the highest-ranked candidate that matches port. Port 0 here
 // is a port no rule names: only portless rules match it.
 func (p *Policy) at(cands []int32, port uint16) Decision {
-	best := int32(-1)
+	best, found, bestRank := int32(0), false, uint32(0)
 	for _, i := range cands {
-		r := &p.rules[i]
-		if r.Port != 0 && r.Port != port {
+		if i >= 0 && p.rules[i].Port != 0 && p.rules[i].Port != port {
 			continue
 		}
 		// Strictly greater keeps the first of two identical rules, so
 		// the decision names the rule the user wrote first.
-		if best < 0 || p.rank[i] > p.rank[best] {
-			best = i
+		if rk := p.rankAt(i); !found || rk > bestRank {
+			best, found, bestRank = i, true, rk
 		}
 	}
-	if best < 0 {
+	if !found {
 		return Decision{}
 	}
-	r := &p.rules[best]
+	r := p.ruleOut(best)
 	if r.Action == Allow {
 		return Decision{Verdict: Allow, Rule: r}
 	}

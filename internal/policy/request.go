@@ -177,9 +177,10 @@ func (p *Policy) Request(name string, port uint16, method, path string) Decision
 func (p *Policy) request(n string, port uint16, rd *reading) Decision {
 	var buf [32]int32
 	cands := p.blockRules(n, p.nameRules(n, buf[:0]))
-	best, bestRank, verdict := int32(-1), uint64(0), Deny
+	best, found, bestRank, verdict := int32(0), false, uint64(0), Deny
+	var scratch Rule
 	for _, i := range cands {
-		r := &p.rules[i]
+		r := p.rule(i, &scratch)
 		if r.Port != 0 && r.Port != port {
 			continue
 		}
@@ -189,10 +190,7 @@ func (p *Policy) request(n string, port uint16, rd *reading) Decision {
 			rank |= 1 << 39
 		}
 		v := Deny
-		var rr *reqRule
-		if p.req != nil {
-			rr = p.req[i]
-		}
+		rr := p.reqAt(i)
 		switch {
 		case rr == nil:
 			rank |= 1 << 2
@@ -217,14 +215,14 @@ func (p *Policy) request(n string, port uint16, rd *reading) Decision {
 			continue // a block that does not match has no opinion
 		}
 		// Strictly greater keeps the first of two equal rules.
-		if best < 0 || rank > bestRank {
-			best, bestRank, verdict = i, rank, v
+		if !found || rank > bestRank {
+			best, found, bestRank, verdict = i, true, rank, v
 		}
 	}
-	if best < 0 {
+	if !found {
 		return Decision{}
 	}
-	return Decision{Verdict: verdict, Rule: &p.rules[best]}
+	return Decision{Verdict: verdict, Rule: p.ruleOut(best)}
 }
 
 // blockRules appends the block request rules whose name pattern matches
@@ -261,8 +259,11 @@ func (p *Policy) inspects(n string, port uint16, w *Rule) bool {
 	wn, wp := narrowOf(w), w.Port != 0
 	var buf [32]int32
 	for _, i := range p.blockRules(n, p.nameRules(n, buf[:0])) {
+		if p.reqAt(i) == nil {
+			continue
+		}
 		r := &p.rules[i]
-		if p.req[i] == nil || r.Port != 0 && r.Port != port {
+		if r.Port != 0 && r.Port != port {
 			continue
 		}
 		if r.Layer > w.Layer {
