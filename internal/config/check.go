@@ -81,6 +81,7 @@ func (c *checker) file(raw *rawFile) *File {
 		Trust:   c.trust("network.trust", raw.Network.Trust),
 		Mode:    c.mode("network.mode", raw.Network.Mode),
 	}
+	f.Policies = c.policies(raw.Policies)
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)
 	f.Forwards = Forwards{

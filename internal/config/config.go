@@ -180,6 +180,10 @@ type Network struct {
 	// sets it; empty means enforce.
 	Mode   string         `json:"mode,omitempty"`
 	Layers []NetworkLayer `json:"layers,omitempty"`
+	// Policies are the [policies.NAME] tables of every file, by name; a
+	// narrower file's definition replaces a wider one's whole. They
+	// live here, not beside Network, so the gate gets them with its rules.
+	Policies map[string]Policy `json:"policies,omitempty"`
 }
 
 // Secret is a credential the gate swaps in for a placeholder. From names

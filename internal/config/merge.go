@@ -52,6 +52,7 @@ func Merge(layers ...*File) Config {
 		}
 		c.Sources = append(c.Sources, f.Path)
 		c.mergeSandbox(f)
+		c.mergePolicies(f)
 		for _, s := range f.Shares {
 			c.Shares = upsert(c.Shares, s, func(a, b Share) bool { return a.Target == b.Target })
 		}
@@ -132,6 +133,9 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 // not below the merged baseline. The error points at the narrower of the
 // two settings, the one the user most likely just wrote.
 func (c Config) Validate() error {
+	if err := c.validateUse(); err != nil {
+		return err
+	}
 	s := c.Sandbox
 	if s.MemoryMaxBytes >= s.MemoryBytes {
 		return nil

@@ -30,6 +30,7 @@ type File struct {
 	Env      []EnvVar // in file order
 	Forwards Forwards
 	Hooks    Hooks
+	Policies map[string]Policy // [policies.NAME]
 
 	ix *docIndex // positions of keys, for errors found after merging
 }
@@ -104,6 +105,7 @@ type rawFile struct {
 	Env      map[string]any       `toml:"env"` // strings, or true: the host's value
 	Forwards rawForwards          `toml:"forwards"`
 	Hooks    rawHooks             `toml:"hooks"`
+	Policies map[string]rawPolicy `toml:"policies"`
 }
 
 type rawSandbox struct {
@@ -159,14 +161,15 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":          {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks"},
-	"sandbox":   {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
-	"shares[]":  {"path", "target", "rw"},
-	"files[]":   {"source", "target", "mode"},
-	"network":   {"use", "allow", "block", "inspect", "trust", "mode"},
-	"secrets.*": {"from", "hosts", "header", "query", "require"},
-	"forwards":  {"ports", "reverse"},
-	"hooks":     {"on_create", "on_up"},
+	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies"},
+	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
+	"shares[]":   {"path", "target", "rw"},
+	"files[]":    {"source", "target", "mode"},
+	"network":    {"use", "allow", "block", "inspect", "trust", "mode"},
+	"secrets.*":  {"from", "hosts", "header", "query", "require"},
+	"policies.*": {"allow", "block", "source", "refresh"},
+	"forwards":   {"ports", "reverse"},
+	"hooks":      {"on_create", "on_up"},
 }
 
 // want is what a key's value must be, for type errors.
@@ -227,6 +230,14 @@ var wants = map[string]want{
 	"network.block[]":      wantString,
 	"secrets":              wantSecrets,
 	"secrets.*":            wantTable,
+	"policies":             {"a table of [policies.NAME] tables", []unstable.Kind{unstable.Table, unstable.InlineTable}},
+	"policies.*":           wantTable,
+	"policies.*.allow":     wantList,
+	"policies.*.allow[]":   wantString,
+	"policies.*.block":     wantList,
+	"policies.*.block[]":   wantString,
+	"policies.*.source":    wantString,
+	"policies.*.refresh":   {`a duration string such as "24h"`, []unstable.Kind{unstable.String}},
 	"secrets.*.from":       wantString,
 	"secrets.*.hosts":      wantList,
 	"secrets.*.hosts[]":    wantString,
