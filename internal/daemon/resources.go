@@ -2,11 +2,13 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"time"
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/resources"
+	"moat.dev/moat/internal/state"
 )
 
 // elasticEvery is how often the elastic loop samples: PSI's avg10 is a
@@ -32,6 +34,23 @@ func (d *daemon) startGroup() (func(), error) {
 	d.group = g
 	d.o.Plan.Cgroup, d.o.Plan.CgroupsPath, d.o.Plan.PidsMax = b, g.RunscPath(), d.o.Limits.PidsMax
 	return func() {
+		// The OOM killer acts on the host's view: the guest's memory is
+		// the sentry's, so at the ceiling it is the sandbox as a whole
+		// that goes. Say so in the record, where status shows it, before
+		// the group and its counters are gone.
+		if s, err := g.Stats(); err == nil && s.OOMKills > 0 {
+			note := fmt.Sprintf("out of memory: the sandbox reached its memory ceiling (memory_max %s) and the kernel's OOM killer stopped it (%d OOM kills); raise memory_max or use less memory",
+				resources.FormatMiB(d.o.Limits.CeilingBytes), s.OOMKills)
+			d.log.Warn("sandbox OOM-killed at its ceiling", "oom_kills", s.OOMKills)
+			state.Update(d.o.Dir, func(r *state.Record) error {
+				if r.Error == "" {
+					r.Error = note
+				} else {
+					r.Error += "; " + note
+				}
+				return nil
+			})
+		}
 		if err := g.Remove(d.o.Dir); err != nil {
 			d.log.Warn("removing the sandbox's cgroup", "err", err)
 		}

@@ -37,6 +37,14 @@ func groupID(stateDir string) string {
 	return filepath.Base(stateDir) + "-" + hex.EncodeToString(sum[:4])
 }
 
+// HostPids is the host's pids.max for a sandbox whose guest may have
+// pidsMax processes (its RLIMIT_NPROC). The guest's limit must be the one
+// that bites: under systrap each guest process costs host tasks too (its
+// stub), and a sentry that cannot make a thread dies with the whole
+// sandbox, as a fork bomb showed. So the host's is a backstop: twice the
+// guest's plus 512 for the sentry's, the gofer's and the shim's threads.
+func HostPids(pidsMax int) int64 { return int64(pidsMax)*2 + 512 }
+
 func (l Limits) spec(softBytes uint64) *specs.LinuxResources {
 	quota := int64(l.CPUs) * cpuPeriodUs
 	period := uint64(cpuPeriodUs)
@@ -44,7 +52,7 @@ func (l Limits) spec(softBytes uint64) *specs.LinuxResources {
 	res := &specs.LinuxResources{
 		CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
 		Memory: &specs.LinuxMemory{Limit: &limit},
-		Pids:   &specs.LinuxPids{Limit: int64(l.PidsMax)},
+		Pids:   &specs.LinuxPids{Limit: HostPids(l.PidsMax)},
 	}
 	// Reservation is memory.soft_limit_in_bytes on v1 (the soft limit)
 	// and memory.low on v2 (the baseline's protection); v2's soft limit,

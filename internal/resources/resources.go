@@ -56,7 +56,7 @@ type Limits struct {
 	CPUs          int    // CPU quota in whole CPUs
 	BaselineBytes uint64 // soft limit floor: what elastic memory never goes below
 	CeilingBytes  uint64 // hard limit: past it, the guest is OOM-killed
-	PidsMax       int    // host tasks of the sandbox (sentry, gofer, shim); also the guest's RLIMIT_NPROC
+	PidsMax       int    // the guest's processes (RLIMIT_NPROC); the host's pids.max is HostPids(PidsMax)
 }
 
 // FromConfig takes the limits of a configuration's [sandbox]; zero values

@@ -1,0 +1,128 @@
+package e2e
+
+// Memory and CPU (issue 6): limits, the ceiling's OOM kill, pids_max and
+// admission, through the real CLI, daemon, cgroups and gVisor.
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func writeToml(t *testing.T, dir, toml string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+type statusJSON struct {
+	State     string `json:"state"`
+	Error     string `json:"error"`
+	Resources *struct {
+		CPUs               int    `json:"cpus"`
+		MemoryCeilingBytes uint64 `json:"memory_ceiling_bytes"`
+		MemoryLimitBytes   uint64 `json:"memory_limit_bytes"`
+		OOMKills           uint64 `json:"oom_kills"`
+		PidsMax            int    `json:"pids_max"`
+	} `json:"resources"`
+}
+
+func statusOf(t *testing.T, dir, name string) statusJSON {
+	t.Helper()
+	var s statusJSON
+	if err := json.Unmarshal([]byte(mustMoat(t, dir, "status", "--json", name)), &s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The guest sees its limits, and the ceiling's OOM kill leaves the daemon
+// and the host alone and shows in status.
+func TestMemoryCeilingOOM(t *testing.T) {
+	dir := project(t, "oomy")
+	writeToml(t, dir, "[sandbox]\ncpus = 1\nmemory = \"512MiB\"\nmemory_max = \"640MiB\"\npids_max = 512\n")
+	out := mustMoat(t, dir, "run", "--", "sh", "-c", "nproc; grep MemTotal /proc/meminfo")
+	if !strings.Contains(out, "655360 kB") {
+		t.Errorf("guest's /proc/meminfo does not show the 640 MiB ceiling:\n%s", out)
+	}
+	if f := strings.Fields(out); len(f) == 0 || f[0] != "2" {
+		t.Errorf("guest's nproc: %q, want 2 (cpus = 1, and gVisor never shows fewer than 2)", out)
+	}
+	s := statusOf(t, dir, "oomy")
+	if s.Resources == nil || s.Resources.MemoryCeilingBytes != 640<<20 || s.Resources.PidsMax != 512 || s.Resources.CPUs != 1 {
+		t.Fatalf("status resources = %+v", s.Resources)
+	}
+	// tail of an endless line keeps it all in memory; bounded in time.
+	moat(t, dir, nil, "run", "--", "sh", "-c", "timeout 60 tail /dev/zero")
+	s = statusOf(t, dir, "oomy")
+	if !strings.Contains(s.Error, "out of memory") {
+		t.Fatalf("status after the guest passed its ceiling: state %s, error %q; want the OOM event", s.State, s.Error)
+	}
+	if out := mustMoat(t, dir, "run", "--", "echo", "back"); strings.TrimSpace(out) != "back" {
+		t.Fatalf("after the OOM kill: %q", out)
+	}
+}
+
+// A fork bomb meets pids_max; the host and another sandbox keep working.
+func TestForkBombHitsPidsMax(t *testing.T) {
+	dir, other := project(t, "forky"), project(t, "forky-other")
+	writeToml(t, dir, "[sandbox]\npids_max = 200\nmemory = \"1GiB\"\n")
+	writeToml(t, other, "[sandbox]\nmemory = \"1GiB\"\n")
+	mustMoat(t, other, "up")
+	if out := mustMoat(t, dir, "run", "--", "sh", "-c", "ulimit -a"); !strings.Contains(out, "process              200") {
+		t.Errorf("the guest's process limit is not pids_max:\n%s", out)
+	}
+	// 400 sleepers under pids_max = 200, bounded in count and time: the
+	// shell dies when fork fails (dash: "Cannot fork"), the sandbox lives.
+	r := moat(t, dir, nil, "run", "--", "sh", "-c", "i=0; while [ $i -lt 400 ]; do sleep 20 & i=$((i+1)); done; echo all-started")
+	if r.code == 0 || strings.Contains(r.stdout, "all-started") {
+		t.Errorf("400 processes under pids_max = 200 all started: exit %d, stdout %q", r.code, r.stdout)
+	}
+	if out := mustMoat(t, other, "run", "--", "echo", "fine"); strings.TrimSpace(out) != "fine" {
+		t.Fatalf("the other sandbox: %q", out)
+	}
+	if out := mustMoat(t, dir, "run", "--", "echo", "still"); strings.TrimSpace(out) != "still" {
+		t.Fatalf("the bombed sandbox after its bomb: %q", out)
+	}
+}
+
+// Admission refuses the sandbox that would not fit, saying what runs and
+// what would make room; two concurrent ups cannot both squeeze in.
+func TestAdmission(t *testing.T) {
+	a, b, c := project(t, "adm-a"), project(t, "adm-b"), project(t, "adm-c")
+	for _, d := range []string{a, b, c} {
+		writeToml(t, d, "[sandbox]\nmemory = \"512MiB\"\nmemory_max = \"1GiB\"\n")
+	}
+	// A 3 GiB host (test knob) keeping 1 GiB: room for two 1 GiB ceilings.
+	knobs := []string{"MOAT_TEST_HOST_RAM_MIB=3072", "MOAT_HOST_RESERVE_MIB=1024"}
+	if r := moat(t, a, knobs, "up"); r.code != 0 {
+		t.Fatalf("first up: exit %d %s", r.code, r.stderr)
+	}
+	var wg sync.WaitGroup
+	res := make([]result, 2)
+	for i, d := range []string{b, c} {
+		wg.Add(1)
+		go func() { defer wg.Done(); res[i] = moat(t, d, knobs, "up") }()
+	}
+	wg.Wait()
+	ok, refused := 0, ""
+	for _, r := range res {
+		if r.code == 0 {
+			ok++
+		} else {
+			refused = r.stderr
+		}
+	}
+	if ok != 1 {
+		t.Fatalf("two concurrent ups with room for one: %d started\n%+v", ok, res)
+	}
+	for _, want := range []string{"not enough memory", "adm-a", "memory_max 1 GiB", "moat down adm-a", "lower"} {
+		if !strings.Contains(refused, want) {
+			t.Errorf("refusal lacks %q:\n%s", want, refused)
+		}
+	}
+}
