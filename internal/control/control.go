@@ -47,6 +47,10 @@ type Status struct {
 	Image     string    `json:"image"`
 	Workspace string    `json:"workspace"`
 	Denials   int64     `json:"denials"` // connections the gate denied since start
+	// Warnings are what the user must hear about the sandbox's policy:
+	// a named policy's list that was never fetched (its layer is empty),
+	// a refresh that failed, lines of a list that were rejected.
+	Warnings []string `json:"warnings,omitempty"`
 	// Resources is nil when the sandbox runs without a cgroup.
 	Resources *Resources `json:"resources,omitempty"`
 }

@@ -437,6 +437,7 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("POST /v1/presets", d.handlePreset)
 	mux.HandleFunc("GET /v1/watch", d.handleWatch)
 	mux.HandleFunc("POST /v1/holds/{id}", d.handleAnswer)
+	mux.HandleFunc("POST /v1/policies/reload", d.handleReloadPolicies)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return ln, srv, nil
@@ -453,6 +454,7 @@ func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef}
 	if d.net != nil {
 		st.Denials = d.net.ledger.Total()
+		st.Warnings = d.net.policyWarnings()
 	}
 	st.Resources = d.resourceStatus()
 	if rec != nil {

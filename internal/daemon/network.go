@@ -22,6 +22,7 @@ import (
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/lists"
 	"moat.dev/moat/internal/policy"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/state"
@@ -43,13 +44,15 @@ type NetworkOptions struct {
 }
 
 // Rules assembles the policy's rules, lowest layer first: the named
-// policies in `use` (default: "default", the built-in list plus the
-// package repositories discovered on the host and in the image), then each
+// policies in `use`, in that order (default: "default", the built-in list
+// plus the package repositories discovered on the host and in the image;
+// a [policies.NAME] policy gives its inline rules and its list, from
+// lists, as the named layer with source "policy NAME"), then each
 // configuration file's rules as the user or project layer, then the
 // runtime layer. It fails on an unknown policy name or an entry that does
 // not parse: a sandbox whose policy is not what the user wrote must not
 // start with some other policy.
-func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discovered []policy.Rule) ([]policy.Rule, error) {
+func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discovered []policy.Rule, loaded map[string]*lists.Loaded) ([]policy.Rule, error) {
 	var out []policy.Rule
 	use := n.Use
 	if len(use) == 0 {
@@ -62,7 +65,15 @@ func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discover
 			out = append(out, discovered...)
 		case "none":
 		default:
-			return nil, fmt.Errorf("network.use: unknown policy %q; the named policies are: default, none", name)
+			p, ok := n.Policies[name]
+			if !ok {
+				return nil, fmt.Errorf("network.use: unknown policy %q; define it with [policies.%s] in moat.toml or config.toml, or use default or none", name, name)
+			}
+			rs, err := namedRules(p, loaded[name])
+			if err != nil {
+				return nil, fmt.Errorf("policy %s: %w", name, err)
+			}
+			out = append(out, rs...)
 		}
 	}
 	for _, l := range n.Layers {
@@ -174,6 +185,8 @@ type network struct {
 	mu         sync.Mutex
 	discovered []policy.Rule
 	grants     []string
+
+	named *namedLists // named policies' lists (policies.go)
 }
 
 // startNetwork builds the gate. It fails if the policy does not compile:
@@ -196,6 +209,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 	for _, root := range o.DiscoverRoots {
 		n.discovered = append(n.discovered, policy.Discover(root, nil, func(string) string { return "" })...)
 	}
+	n.startLists(ctx, d)
 	p, err := n.compile()
 	if err != nil {
 		al.Close()
@@ -249,7 +263,7 @@ func (n *network) compile() (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := Rules(n.o.Config, n.o.UserConfig, rec.Rules, n.discovered)
+	rules, err := Rules(n.o.Config, n.o.UserConfig, rec.Rules, n.discovered, n.named.get())
 	if err != nil {
 		return nil, err
 	}
