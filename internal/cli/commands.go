@@ -354,7 +354,8 @@ type listEntry struct {
 	Started    time.Time `json:"started,omitzero"`
 	PID        int       `json:"daemon_pid,omitempty"`
 	Sessions   int       `json:"sessions"`
-	Denials    int64     `json:"denials"` // connections the gate denied since the daemon started
+	Denials    int64     `json:"denials"`            // connections the gate denied since the daemon started
+	Warnings   []string  `json:"warnings,omitempty"` // about the policy: lists never fetched, lines rejected
 	Error      string    `json:"error,omitempty"`
 	// Resources: CPU, memory and pids of a running sandbox (resources.go).
 	Resources *control.Resources `json:"resources,omitempty"`
@@ -371,6 +372,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		defer cancel()
 		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
+			le.Warnings = s.Warnings
 			le.Resources = s.Resources
 		}
 	}
@@ -447,6 +449,9 @@ func newStatusCmd() *cobra.Command {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
 			}
 			printResources(out, le.Resources)
+			for _, w := range le.Warnings {
+				fmt.Fprintf(out, "warning:    %s\n", w)
+			}
 			if le.Error != "" {
 				fmt.Fprintf(out, "last error: %s\n", le.Error)
 			}

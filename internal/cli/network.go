@@ -120,7 +120,9 @@ func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
 			return nil, fmt.Errorf("reading the configuration snapshot: %w", err)
 		}
 	}
-	rules, err := daemon.Rules(cfg.Network, e.dirs.UserConfig(), rec.Rules, policy.Discover("/", nil, func(string) string { return "" }))
+	// The lists as cached; only the running daemon fetches.
+	loaded := daemon.LoadLists(context.Background(), e.listCache(), cfg.Network, false)
+	rules, err := daemon.Rules(cfg.Network, e.dirs.UserConfig(), rec.Rules, policy.Discover("/", nil, func(string) string { return "" }), loaded)
 	if err != nil {
 		return nil, err
 	}
@@ -295,49 +297,6 @@ func newAuditCmd() *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print each record as JSON (schema 1)")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new decisions until Ctrl-C")
-	return c
-}
-
-func newPolicyCmd() *cobra.Command {
-	c := &cobra.Command{
-		Use:   "policy",
-		Short: "List and show named network policies",
-	}
-	list := &cobra.Command{
-		Use:   "list",
-		Short: "List the named policies a config can `use`",
-		Args:  cobra.NoArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
-			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tRULES\tWHAT")
-			fmt.Fprintf(tw, "default\t%d+\tAI model APIs, code hosts, package registries, and the repositories this host's tools use (used when [network] use is not set)\n", len(policy.Builtin()))
-			fmt.Fprintf(tw, "none\t0\tnothing: only your own allow rules\n")
-			return tw.Flush()
-		},
-	}
-	var asJSON bool
-	show := &cobra.Command{
-		Use:   "show NAME",
-		Short: "Show every entry of a named policy with where it came from",
-		Args:  cobra.ExactArgs(1),
-		RunE: func(c *cobra.Command, args []string) error {
-			var rules []policy.Rule
-			switch args[0] {
-			case "default":
-				rules = append(policy.Builtin(), policy.Discover("/", hostRun, os.Getenv)...)
-			case "none":
-			default:
-				return codef(ExitNotFound, "no policy named %q; see: moat policy list", args[0])
-			}
-			out := control.RulesOf(rules)
-			if asJSON {
-				return json.NewEncoder(c.OutOrStdout()).Encode(control.Rules{Schema: control.Schema, Rules: out})
-			}
-			return printRules(c.OutOrStdout(), out)
-		},
-	}
-	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.AddCommand(list, show)
 	return c
 }
 
