@@ -1,11 +1,17 @@
 package e2e
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -152,5 +158,58 @@ if timeout 5 bash -c "echo > /dev/tcp/ads.pol.test/22" 2>/dev/null; then echo "O
 		if !strings.Contains(strings.Join(strings.Fields(ps), " "), w) {
 			t.Errorf("moat policy show ads lacks %q:\n%s", w, ps)
 		}
+	}
+}
+
+// TestPolicyRefreshLive: a list served over HTTP (a loopback server) is
+// fetched at start; after it changes, `moat policy refresh` fetches it
+// again and the running sandbox's gate applies the new list at once.
+func TestPolicyRefreshLive(t *testing.T) {
+	upstream := loopbackDNS(t, map[string]string{"one.pol.test.": "192.0.2.11", "two.pol.test.": "192.0.2.12"})
+	var body atomic.Value
+	body.Store("0.0.0.0 one.pol.test\n")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b := body.Load().(string)
+		etag := fmt.Sprintf(`"%x"`, sha256.Sum256([]byte(b)))
+		if r.Header.Get("If-None-Match") == etag {
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		w.Header().Set("ETag", etag)
+		io.WriteString(w, b)
+	}))
+	defer srv.Close()
+
+	dir := project(t, "policy-live")
+	toml := "[network]\nuse = [\"base\", \"ads\"]\n\n[policies.base]\nallow = [\"*.pol.test\"]\n\n[policies.ads]\nsource = \"" + srv.URL + "/hosts\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"MOAT_UPSTREAM_DNS=" + upstream}
+	mustMoatEnv(t, dir, env, "up")
+	resolve := func() (one, two string) {
+		out := mustMoatEnv(t, dir, env, "run", "--", "sh", "-c", "for n in one.pol.test two.pol.test; do echo $(timeout 5 getent hosts $n | cut -d' ' -f1); done")
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			t.Fatalf("resolving in the guest: %q", out)
+		}
+		return f[0], f[1]
+	}
+	if one, two := resolve(); !inPool(one) || two != "192.0.2.12" {
+		t.Fatalf("with the first list: one.pol.test %s (want a pool address), two.pol.test %s (want 192.0.2.12)", one, two)
+	}
+	body.Store("0.0.0.0 two.pol.test\n")
+	if r := moat(t, dir, nil, "policy", "refresh", "ads"); r.code != 0 || !strings.Contains(r.stderr, "fetched") {
+		t.Fatalf("policy refresh: exit %d\n%s", r.code, r.stderr)
+	}
+	if one, two := resolve(); one != "192.0.2.11" || !inPool(two) {
+		t.Fatalf("after the refresh: one.pol.test %s (want 192.0.2.11), two.pol.test %s (want a pool address)", one, two)
+	}
+	if r := moat(t, dir, nil, "policy", "refresh", "ads"); r.code != 0 || !strings.Contains(r.stderr, "not modified") {
+		t.Fatalf("a second refresh should be a 304: exit %d\n%s", r.code, r.stderr)
+	}
+	mustMoat(t, dir, "policy", "rm", "ads")
+	if pl := mustMoat(t, dir, "policy", "list"); !strings.Contains(pl, "never been fetched") {
+		t.Fatalf("after rm, policy list:\n%s", pl)
 	}
 }
