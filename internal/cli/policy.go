@@ -87,7 +87,7 @@ func (e *env) policyInfos(cfg config.Config) ([]policyInfo, map[string]*lists.Lo
 		p := n.Policies[name]
 		pi := policyInfo{Name: name, Rules: len(p.Allow) + len(p.Block), Source: lists.Redact(p.Source), File: p.File}
 		if p.Source != "" {
-			pi.Refresh = p.Refresh.String()
+			pi.Refresh = shortDuration(p.Refresh)
 		}
 		if l := loaded[name]; l != nil {
 			pi.Rules += l.Parsed.Entries()
@@ -333,4 +333,16 @@ starts with the policy empty, and says so in moat status.`,
 			return nil
 		},
 	}
+}
+
+// shortDuration writes d as a person would: 24h, 1h30m, 90s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
 }
