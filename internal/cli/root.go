@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -32,6 +33,22 @@ func Main(args []string) int {
 				fmt.Fprintln(os.Stderr, "moat shim:", err)
 				return ExitError
 			}
+			return ExitOK
+		case "__sockowner":
+			// In the guest: which process owns a connection the gate holds.
+			if len(args) < 3 {
+				return ExitUsage
+			}
+			port, err := strconv.ParseUint(args[2], 10, 16)
+			if err != nil {
+				return ExitUsage
+			}
+			owner, err := guest.SockOwner(uint16(port))
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+				return ExitError
+			}
+			fmt.Println(owner)
 			return ExitOK
 		case "__daemon":
 			if len(args) < 3 {

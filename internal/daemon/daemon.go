@@ -187,6 +187,7 @@ func (d *daemon) run() error {
 	}
 	d.proxy = proxy
 	defer proxy.Close()
+	d.annotateHolds()
 
 	ln, srv, err := d.serveControl()
 	if err != nil {

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,9 @@ import (
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
 
@@ -102,7 +105,7 @@ func (d *daemon) name() string { return filepath.Base(d.o.Dir) }
 // holdOf converts a gate hold to its wire form.
 func (d *daemon) holdOf(p gate.Pending) *control.Hold {
 	h := &control.Hold{ID: p.ID, Sandbox: d.name(), Name: p.Q.Name, Addr: p.Q.Addr.String(), Port: p.Q.Port,
-		Proto: "tcp", Since: p.Since, Expires: p.Expires, Count: p.Count, Suggest: suggestEntry(p.Q)}
+		Proto: "tcp", Process: p.Process, Since: p.Since, Expires: p.Expires, Count: p.Count, Suggest: suggestEntry(p.Q)}
 	if p.Q.Name != "" {
 		h.Domain = registrable(p.Q.Name)
 	}
@@ -351,4 +354,31 @@ func (n *network) grantRules() []policy.Rule {
 		return nil // grant checked every entry
 	}
 	return rs
+}
+
+// annotateHolds finds, for each new hold, the guest process whose
+// connection is held, and adds it to the hold: the person answering sees
+// who asks. It asks the guest (as root, to see every process) with moat's
+// own binary; a lookup that fails or is slow leaves the hold as it is.
+func (d *daemon) annotateHolds() {
+	d.net.holds.Subscribe(func(e gate.HoldEvent) {
+		if e.Kind != "hold" || !e.Pending.Q.Src.IsValid() || d.proxy == nil {
+			return
+		}
+		p := e.Pending
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var out strings.Builder
+			code, err := d.proxy.Exec(ctx, session.Options{
+				Argv:   []string{"sudo", "-n", guestspec.Binary, "__sockowner", strconv.Itoa(int(p.Q.Src.Port()))},
+				Stdout: &out,
+			})
+			if err != nil || code != 0 {
+				d.log.Debug("finding a held connection's process", "hold", p.ID, "exit", code, "err", err)
+				return
+			}
+			d.net.holds.Annotate(p.ID, strings.TrimSpace(out.String()))
+		}()
+	})
 }

@@ -37,6 +37,9 @@ type Question struct {
 	Name string // empty when the gate knows only the address
 	Addr netip.Addr
 	Port uint16
+	// Src is the guest's end of the first connection held, by which the
+	// daemon can ask the guest which process it is.
+	Src netip.AddrPort
 }
 
 // Key is the destination the hold coalesces on.
@@ -61,6 +64,7 @@ type Pending struct {
 	Since   time.Time
 	Expires time.Time
 	Count   int
+	Process string // the guest process, once Annotate has found it
 }
 
 // HoldEvent is what Holds tells its subscribers: a new hold, a hold that
@@ -249,6 +253,17 @@ func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 		// This connection gave up (the daemon stops); the hold stays for
 		// the others waiting on it.
 		return Outcome{By: "closed"}
+	}
+}
+
+// Annotate records which guest process a pending hold's first connection
+// came from, and tells the watchers ("hold+").
+func (h *Holds) Annotate(id, process string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if x, ok := h.byID[id]; ok && process != "" {
+		x.p.Process = process
+		h.emitLocked(HoldEvent{Kind: "hold+", Pending: x.p})
 	}
 }
 

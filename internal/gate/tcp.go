@@ -52,7 +52,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 	defer flows.Add(-1)
 
 	dst := f.Dst
-	t := &tcpTrace{start: g.o.Now(), rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
+	t := &tcpTrace{start: g.o.Now(), src: f.Src, rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
 	pooled := InPool(dst.Addr())
 	if !pooled {
 		if class, sp := g.special(dst.Addr(), dst.Port()); sp {
@@ -77,6 +77,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 // tcpTrace accumulates one flow's audit record.
 type tcpTrace struct {
 	start time.Time
+	src   netip.AddrPort // the guest's end
 	rec   audit.Record
 	dec   policy.Decision // the name's decision, when a name decided
 	sni   string          // the ClientHello's name, when it had one in the clear
@@ -107,6 +108,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	if t.dec.Rule != nil || g.o.Holds == nil {
 		return false
 	}
+	q.Src = t.src
 	out := g.o.Holds.Ask(ctx, q)
 	if out.Allow {
 		// An answer that added a rule (run, always) decides like it;

@@ -223,6 +223,13 @@ func TestInteractiveGate(t *testing.T) {
 		if h.Suggest != "once-watch.test" || h.Count != 1 {
 			t.Errorf("hold %+v", h)
 		}
+		// The daemon asks the guest which process holds the connection.
+		ev := w.waitFor(t, "the held connection's process", func(ev control.Event) bool {
+			return ev.Hold != nil && ev.Hold.ID == h.ID && ev.Hold.Process != ""
+		})
+		if !strings.Contains(ev.Hold.Process, "curl") || !strings.Contains(ev.Hold.Process, "once-watch.test") {
+			t.Errorf("process of the hold: %q, want the curl command", ev.Hold.Process)
+		}
 		answer(t, w, h, control.AnswerOnce, "")
 		if out := strings.Fields(r.wait(t)); len(out) != 2 || out[0] != "200" || out[1] != "200" {
 			t.Fatalf("after allow once: %q, want 200 200", out)
