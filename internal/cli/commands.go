@@ -363,6 +363,10 @@ type listEntry struct {
 	// Changed: files in the workspace the host runs (git hooks, editor
 	// tasks) that changed since the sandbox was made (status only).
 	Changed []sentinel.Change `json:"changed_files,omitempty"`
+	// Activity and Gate: traffic, idleness, the gate's mode and watchers
+	// (running sandboxes only).
+	Activity *control.Activity   `json:"activity,omitempty"`
+	Gate     *control.GateStatus `json:"gate,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -378,6 +382,7 @@ func (e *env) entry(r *state.Record) listEntry {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
 			le.Warnings = s.Warnings
 			le.Resources = s.Resources
+			le.Activity, le.Gate = s.Activity, s.Gate
 		}
 	}
 	return le
@@ -461,6 +466,7 @@ func newStatusCmd() *cobra.Command {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
 			}
 			printResources(out, le.Resources)
+			printActivity(out, le.Activity, le.Gate)
 			for _, w := range le.Warnings {
 				fmt.Fprintf(out, "warning:    %s\n", w)
 			}

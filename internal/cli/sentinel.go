@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"time"
 
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/sentinel"
 	"moat.dev/moat/internal/state"
 )
@@ -48,4 +50,38 @@ func printChanges(out io.Writer, name string, ch []sentinel.Change) {
 		fmt.Fprintf(out, "              %s (%s)\n", c.Path, c.What)
 	}
 	fmt.Fprintf(out, "            review them before git or your editor runs them, then: moat status %s --accept-changes\n", name)
+}
+
+// printActivity prints traffic, idleness and the gate's state.
+func printActivity(out io.Writer, a *control.Activity, g *control.GateStatus) {
+	if a != nil {
+		fmt.Fprintf(out, "network:    %s in and out since start\n", humanBytes(a.NetBytes))
+		switch {
+		case a.IdleTimeout == 0:
+			fmt.Fprintf(out, "idle stop:  off\n")
+		case a.LastSample.IsZero():
+			fmt.Fprintf(out, "idle stop:  after %s idle (not sampled yet)\n", a.IdleTimeout)
+		case a.Busy != "":
+			fmt.Fprintf(out, "idle stop:  after %s idle; busy now (%s)\n", a.IdleTimeout, a.Busy)
+		default:
+			fmt.Fprintf(out, "idle stop:  after %s idle; idle for %s\n", a.IdleTimeout, a.IdleFor.Round(time.Second))
+		}
+	}
+	if g != nil {
+		fmt.Fprintf(out, "gate:       %s mode, %d watcher(s), %d destination(s) held\n", g.Mode, g.Watchers, g.Holds)
+	}
+}
+
+// humanBytes writes a byte count in the largest binary unit under 1024.
+func humanBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, u := float64(n), 0
+	for v >= unit && u < 4 {
+		v /= unit
+		u++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGT"[u-1])
 }

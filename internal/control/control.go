@@ -53,6 +53,27 @@ type Status struct {
 	Warnings []string `json:"warnings,omitempty"`
 	// Resources is nil when the sandbox runs without a cgroup.
 	Resources *Resources `json:"resources,omitempty"`
+	// Activity: traffic and idleness, as the idle stop sees them.
+	Activity *Activity `json:"activity,omitempty"`
+	// Gate: the network gate's mode and its interactive watchers.
+	Gate *GateStatus `json:"gate,omitempty"`
+}
+
+// Activity is what the idle stop measures.
+type Activity struct {
+	NetBytes    uint64        `json:"net_bytes"`             // both directions since start
+	IdleFor     time.Duration `json:"idle_for_ns"`           // 0 when the last sample was busy
+	IdleTimeout time.Duration `json:"idle_timeout_ns"`       // 0: idle stop off
+	LastCPU     float64       `json:"last_cpu_cores"`        // the last sample's CPU use, in cores
+	LastSample  time.Time     `json:"last_sample,omitzero"`  // zero before the first sample
+	Busy        string        `json:"busy_reason,omitempty"` // why the last sample was not idle
+}
+
+// GateStatus is the gate's mode and interactive state.
+type GateStatus struct {
+	Mode     string `json:"mode"` // enforce | report
+	Watchers int    `json:"watchers"`
+	Holds    int    `json:"holds"` // connections' destinations waiting for an answer
 }
 
 // StopRequest is the body of POST /v1/stop.

@@ -96,9 +96,10 @@ type daemon struct {
 	hostLevel atomic.Int32     // the elastic loop's last resources.Level, for status
 
 	// idleMu guards the idle watchdog's last sample, for status.
-	idleMu     sync.Mutex
-	lastSample idleSample
-	idleSince  time.Time
+	idleMu       sync.Mutex
+	lastSample   idleSample
+	lastSampleAt time.Time
+	idleSince    time.Time
 
 	stopOnce   sync.Once
 	stopReason string
@@ -458,6 +459,7 @@ func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 		st.Warnings = d.net.policyWarnings()
 	}
 	st.Resources = d.resourceStatus()
+	st.Activity, st.Gate = d.activityStatus(), d.gateStatus()
 	if rec != nil {
 		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/state"
 )
 
@@ -150,11 +151,12 @@ func (d *daemon) watchIdle(ctx context.Context) {
 			}
 			s.NetBytes = net1 - net0
 			cpu0, cpuOK, net0, last = cpu1, ok, net1, now
+			clockDue := clock.step(now, interval, s, timeout)
 			d.idleMu.Lock()
-			d.lastSample = s
+			d.lastSample, d.lastSampleAt = s, now
 			d.idleSince = clock.since
 			d.idleMu.Unlock()
-			if clock.step(now, interval, s, timeout) && d.sess.close() {
+			if clockDue && d.sess.close() {
 				d.log.Info("stopping an idle sandbox", "idle_for", now.Sub(clock.since).Round(time.Second), "timeout", timeout)
 				d.requestStop(state.StopIdle)
 				return
@@ -257,4 +259,47 @@ func parseStat(b []byte) (ppid int, ticks uint64, ok bool) {
 		return 0, 0, false
 	}
 	return ppid, ut + st, true
+}
+
+// activityStatus is the idle watchdog's view, for moat status.
+func (d *daemon) activityStatus() *control.Activity {
+	_, timeout := d.idleSettings()
+	a := &control.Activity{NetBytes: d.netBytes(), IdleTimeout: timeout}
+	d.idleMu.Lock()
+	defer d.idleMu.Unlock()
+	a.LastSample, a.LastCPU = d.lastSampleAt, d.lastSample.CPU
+	if !d.idleSince.IsZero() {
+		a.IdleFor = time.Since(d.idleSince)
+	}
+	if !d.lastSampleAt.IsZero() {
+		a.Busy = d.lastSample.busyReason()
+	}
+	return a
+}
+
+// busyReason says why a sample was not idle; "" when it was.
+func (s idleSample) busyReason() string {
+	switch {
+	case !s.OK:
+		return "could not be measured"
+	case s.Sessions > 0:
+		return "a session is attached"
+	case s.CPU >= idleCPU:
+		return "CPU in use"
+	case s.NetBytes >= idleNetBytes:
+		return "network traffic"
+	}
+	return ""
+}
+
+// gateStatus is the gate's mode and watchers, for moat status.
+func (d *daemon) gateStatus() *control.GateStatus {
+	if d.net == nil {
+		return nil
+	}
+	g := &control.GateStatus{Mode: "enforce", Watchers: d.net.holds.Watchers(), Holds: len(d.net.holds.Pending())}
+	if d.net.gate.Report() {
+		g.Mode = "report"
+	}
+	return g
 }

@@ -116,6 +116,9 @@ func TestIdleStop(t *testing.T) {
 	}
 
 	t.Run("stops_when_idle", func(t *testing.T) {
+		if st := moat(t, g.dir, nil, "status", "--json").stdout; !strings.Contains(st, `"idle_timeout_ns":1200000000`) {
+			t.Errorf("status does not show the idle timeout: %s", st)
+		}
 		took := waitIdleStop(t, g)
 		t.Logf("stopped %v after up", took.Round(time.Millisecond))
 		b, _ := os.ReadFile(filepath.Join(g.state, "record.json"))

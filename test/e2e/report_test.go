@@ -54,6 +54,9 @@ func TestReportModeAndSuggest(t *testing.T) {
 			t.Errorf("%s: audited would_deny=%v (recorded: %v), want %v", name, got, ok, want)
 		}
 	}
+	if st := mustMoatEnv(t, g.dir, g.env, "status", "--json"); !strings.Contains(st, `"gate":{"mode":"report"`) {
+		t.Errorf("status does not say report mode: %s", st)
+	}
 	den := mustMoatEnv(t, g.dir, g.env, "network", "denials", g.name)
 	for _, name := range []string{"one-report.test", "three-report.test", "blocked-report.test"} {
 		if !strings.Contains(den, name) {
