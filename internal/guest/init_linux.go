@@ -137,6 +137,11 @@ func prepare(s *guestspec.Spec) error {
 		return fmt.Errorf("writing hosts: %w", err)
 	}
 	os.WriteFile("/etc/hostname", []byte(s.Hostname+"\n"), 0o644)
+	// The guest's TCP windows, as large as the gate's (netstack.go): the
+	// path to the gate is a memory copy, bounded by the window. gVisor's
+	// netstack honours these; a failure only costs throughput.
+	os.WriteFile("/proc/sys/net/ipv4/tcp_rmem", []byte("4096 4194304 16777216"), 0o644)
+	os.WriteFile("/proc/sys/net/ipv4/tcp_wmem", []byte("4096 4194304 16777216"), 0o644)
 	return nil
 }
 

@@ -119,10 +119,20 @@ func (st *Stack) configure() error {
 	}
 	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
 	s.SetRouteTable([]tcpip.Route{{Destination: sub, NIC: nicID}})
-	// SACK and a large buffer: the guest↔gateway path is a memory copy,
-	// throughput is bounded by window size, not loss.
+	// SACK and large buffers: the guest↔gateway path is a memory copy,
+	// throughput is bounded by the window, not by loss. With the default
+	// 1 MiB a download stalled on the window between two stacks that each
+	// wake up late on a shared two-core host (neither side busy, ~400 MiB/s);
+	// 4 MiB by default, growing to 16 MiB, and the guest's own tcp_rmem and
+	// tcp_wmem raised to match (guest init), made it 20-30% faster here.
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 4 << 20, Max: 16 << 20}
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd)
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 4 << 20, Max: 16 << 20}
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv)
+	mod := tcpip.TCPModerateReceiveBufferOption(true)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &mod)
 	return nil
 }
 
