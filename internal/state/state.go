@@ -129,6 +129,27 @@ type Record struct {
 	// Hook names the hook running now ("on_create 1/3"), so a command
 	// waiting for the start knows it is long for a reason.
 	Hook string `json:"hook,omitempty"`
+	// Forwards are the port forwards added at run time (`moat forward
+	// add`), started again with the sandbox and discarded by destroy.
+	Forwards *RuntimeForwards `json:"runtime_forwards,omitempty"`
+}
+
+// RuntimeForwards are the port forwards added at run time. Field names
+// are frozen.
+type RuntimeForwards struct {
+	Ports   []Forward `json:"ports,omitempty"`   // host → guest
+	Reverse []Forward `json:"reverse,omitempty"` // guest → host
+}
+
+// Forward is one port forward: Host is the port on the host (listened on
+// for Ports, dialed on 127.0.0.1 for Reverse), Guest the port in the
+// guest (dialed for Ports, listened on at the gateway for Reverse).
+// Address is the host address a host→guest forward listens on; empty
+// means 127.0.0.1.
+type Forward struct {
+	Host    uint16 `json:"host"`
+	Guest   uint16 `json:"guest"`
+	Address string `json:"address,omitempty"`
 }
 
 // RuntimeRules are the runtime layer of the network policy. Entries are
