@@ -50,9 +50,15 @@ func (st *Stack) serve(ctx context.Context, g *gate.Gate) error {
 		// refused class is answered with a reset by the stack (returning
 		// false), without a goroutine or a forwarder slot.
 		if th := header.TCP(pkt.TransportHeader().Slice()); len(th) >= header.TCPMinimumSize &&
-			th.Flags()&(header.TCPFlagSyn|header.TCPFlagAck) == header.TCPFlagSyn &&
-			g.Refuses(addrPort(id.LocalAddress, id.LocalPort)) {
-			return false
+			th.Flags()&(header.TCPFlagSyn|header.TCPFlagAck) == header.TCPFlagSyn {
+			// The gateway's own ports (reverse forwards, gateway.go)
+			// are never the gate's to open.
+			if handled, open := st.gatewaySYN(id); handled {
+				return open && fwd.HandlePacket(id, pkt)
+			}
+			if g.Refuses(addrPort(id.LocalAddress, id.LocalPort)) {
+				return false
+			}
 		}
 		return fwd.HandlePacket(id, pkt)
 	})
@@ -133,6 +139,9 @@ func (st *Stack) forward(ctx context.Context, g *gate.Gate, r *tcp.ForwarderRequ
 	var once sync.Once
 	finish := func(reset bool) { once.Do(func() { r.Complete(reset) }) }
 	defer finish(true) // a flow the gate neither accepted nor refused is refused
+	if st.serveGateway(r, finish) {
+		return
+	}
 	g.HandleTCP(ctx, gate.TCPFlow{
 		Src: addrPort(id.RemoteAddress, id.RemotePort),
 		Dst: addrPort(id.LocalAddress, id.LocalPort),

@@ -18,6 +18,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync/atomic"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -54,6 +55,7 @@ type Stack struct {
 	s    *stack.Stack
 	log  *slog.Logger
 	link *tapLink
+	gw   atomic.Pointer[GatewayPorts] // the reverse forwards (gateway.go); nil: none
 }
 
 // Options configure New.
