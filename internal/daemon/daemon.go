@@ -88,6 +88,7 @@ type daemon struct {
 	proxy   *session.Proxy // every session's way to the guest agent
 	ca      *tlsca.CA      // mints the leaves of intercepted hosts
 	creds   *credentials   // the secrets, swapped whole when a preset adds some
+	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
 	sess    idleGate       // attached sessions, and the idle stop's word
 	shimPID atomic.Int64
 	started time.Time
@@ -189,6 +190,7 @@ func (d *daemon) run() error {
 	d.proxy = proxy
 	defer proxy.Close()
 	d.annotateHolds()
+	defer d.startForwards(ctx)()
 
 	ln, srv, err := d.serveControl()
 	if err != nil {
@@ -440,6 +442,8 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("GET /v1/watch", d.handleWatch)
 	mux.HandleFunc("POST /v1/holds/{id}", d.handleAnswer)
 	mux.HandleFunc("POST /v1/policies/reload", d.handleReloadPolicies)
+	mux.HandleFunc("GET /v1/forwards", d.handleForwards)
+	mux.HandleFunc("POST /v1/forwards", d.handleChangeForward)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go srv.Serve(ln)
 	return ln, srv, nil

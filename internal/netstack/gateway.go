@@ -1,6 +1,7 @@
 package netstack
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 
@@ -21,10 +22,13 @@ type GatewayPorts interface {
 	// port; false refuses it with a reset, and Open audits the refusal.
 	// It must not block.
 	Open(src netip.AddrPort, port uint16) bool
-	// Serve owns an accepted connection to the gateway's port from then
-	// on. It runs on the forwarder's goroutine for that connection, after
-	// the handshake, so it may block for the connection's whole life.
-	Serve(src netip.AddrPort, port uint16, c net.Conn)
+	// Serve takes a connection to the gateway's port that Open let
+	// through. It completes the guest's handshake by calling accept, or
+	// returns without calling it to have the guest reset (the host's port
+	// did not answer, say): a guest then sees "connection refused", as it
+	// would from a server that is down. It runs on the forwarder's
+	// goroutine for that connection, so it may block for its whole life.
+	Serve(src netip.AddrPort, port uint16, accept func() (net.Conn, error))
 }
 
 // SetGateway installs gp; nil leaves the gateway's ports to the gate's
@@ -61,8 +65,8 @@ func (st *Stack) gatewaySYN(id stack.TransportEndpointID) (handled, open bool) {
 	return true, gp.Open(addrPort(id.RemoteAddress, id.RemotePort), id.LocalPort)
 }
 
-// serveGateway completes the guest's handshake to a gateway port that
-// Open let through and hands the connection to Serve. It reports false
+// serveGateway hands a connection to a gateway port that Open let
+// through to Serve, which completes the handshake or not. It reports false
 // when no GatewayPorts is installed (the gate then decides, and refuses).
 func (st *Stack) serveGateway(r *tcp.ForwarderRequest, finish func(reset bool)) bool {
 	id := r.ID()
@@ -73,14 +77,16 @@ func (st *Stack) serveGateway(r *tcp.ForwarderRequest, finish func(reset bool)) 
 	if gp == nil {
 		return false
 	}
-	var wq waiter.Queue
-	ep, e := r.CreateEndpoint(&wq)
-	if e != nil {
-		finish(true)
-		return true
-	}
-	finish(false)
-	ep.SocketOptions().SetKeepAlive(true)
-	gp.Serve(addrPort(id.RemoteAddress, id.RemotePort), id.LocalPort, gonet.NewTCPConn(&wq, ep))
+	gp.Serve(addrPort(id.RemoteAddress, id.RemotePort), id.LocalPort, func() (net.Conn, error) {
+		var wq waiter.Queue
+		ep, e := r.CreateEndpoint(&wq)
+		if e != nil {
+			finish(true)
+			return nil, fmt.Errorf("completing the guest's handshake: %s", e)
+		}
+		finish(false)
+		ep.SocketOptions().SetKeepAlive(true)
+		return gonet.NewTCPConn(&wq, ep), nil
+	})
 	return true
 }
