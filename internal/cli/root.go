@@ -101,6 +101,7 @@ Start here:
 		newImageCmd(), newDoctorCmd(), newVersionCmd(),
 		newNetworkCmd(), newPolicyCmd(),
 	)
+	root.AddCommand(newForwardCmd())
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",
