@@ -240,7 +240,7 @@ func newExecCmd() *cobra.Command {
 }
 
 func newUpCmd() *cobra.Command {
-	var fresh, trust bool
+	var fresh, trust, reconf bool
 	var name string
 	c := &cobra.Command{
 		Use:   "up [NAME]",
@@ -253,13 +253,19 @@ func newUpCmd() *cobra.Command {
 			}
 			e.trustProject = trust
 			var dir string
+			var rec *state.Record
 			if len(args) == 1 {
-				dir, _, err = e.byName(args[0])
+				dir, rec, err = e.byName(args[0])
 			} else {
-				dir, _, err = e.forCwd(name)
+				dir, rec, err = e.forCwd(name)
 			}
 			if err != nil {
 				return err
+			}
+			if reconf {
+				if err := e.reconfigure(dir, rec); err != nil {
+					return err
+				}
 			}
 			if fresh {
 				if err := e.stop(dir, state.StopUser); err != nil {
@@ -280,6 +286,7 @@ func newUpCmd() *cobra.Command {
 	}
 	c.Flags().BoolVar(&trust, "trust-project", false, "accept the secrets and trusted roots the project's moat.toml asks for (asked on a terminal otherwise)")
 	c.Flags().BoolVar(&fresh, "fresh", false, "discard the sandbox's writable layer first")
+	c.Flags().BoolVar(&reconf, "reconfigure", false, "take moat.toml and config.toml again (the sandbox keeps its configuration from when it was made otherwise); restarts a running sandbox")
 	c.Flags().StringVar(&name, "name", "", "sandbox name when creating")
 	return c
 }

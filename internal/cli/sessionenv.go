@@ -1,10 +1,13 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/crypto/ssh"
@@ -111,4 +114,37 @@ func (e *env) connect(ctx context.Context, dir string) (*ssh.Client, error) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+}
+
+// reconfigure replaces the sandbox's configuration snapshot with what its
+// files say now (after consent, as at create) and, if it runs, restarts
+// it so the new configuration applies. The writable layer is kept. The
+// image cannot change this way: a new image is a new sandbox.
+func (e *env) reconfigure(dir string, rec *state.Record) error {
+	cfg, err := config.Load(e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml"))
+	if err != nil {
+		return withCode(ExitUsage, err)
+	}
+	if img := imageName(cfg.Sandbox.Image); img != rec.Image {
+		return codef(ExitUsage, "the image changed from %s to %s; an image is chosen when a sandbox is made: moat destroy %s, then moat up", rec.Image, img, rec.Name)
+	}
+	snap, err := json.Marshal(cfg)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(snap, rec.Config) {
+		fmt.Fprintf(os.Stderr, "moat: %s: the configuration has not changed\n", rec.Name)
+		return nil
+	}
+	if err := e.consent(cfg); err != nil {
+		return err
+	}
+	if err := e.stop(dir, state.StopUser); err != nil {
+		return err
+	}
+	if err := state.Update(dir, func(r *state.Record) error { r.Config = snap; return nil }); err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "moat: %s takes its configuration from %s again\n", rec.Name, strings.Join(cfg.Sources, ", "))
+	return nil
 }

@@ -274,3 +274,37 @@ echo '{"tasks":[{"label":"x","command":"sh evil.sh","runOptions":{"runOn":"folde
 		t.Errorf("accepted changes still listed: %s", r.stdout)
 	}
 }
+
+// TestReconfigure: a sandbox keeps the configuration it was made with until moat up
+// --reconfigure, which asks for consent again and restarts it with the files as they are.
+func TestReconfigure(t *testing.T) {
+	dir := project(t, "reconf-e2e")
+	write := func(body string) {
+		if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("[env]\nPHASE = \"one\"\n")
+	if r := moat(t, dir, nil, "run", "--", "sh", "-c", "echo $PHASE"); r.stdout != "one\n" {
+		t.Fatalf("first: %q %s", r.stdout, r.stderr)
+	}
+	write("[env]\nPHASE = \"two\"\n\n[network]\nallow = [\"reconf.test\"]\n")
+	if r := moat(t, dir, nil, "run", "--", "sh", "-c", "echo $PHASE"); r.stdout != "one\n" {
+		t.Fatalf("an edited moat.toml applied without --reconfigure: %q", r.stdout)
+	}
+	// Without a terminal and without --trust-project, the new allow rule is refused.
+	cmd := exec.Command(moatBin, "up", "--reconfigure")
+	cmd.Dir, cmd.Env = dir, moatEnv(nil)
+	if out, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(out), "reconf.test") {
+		t.Fatalf("reconfigure without consent: %v %s", err, out)
+	}
+	if r := moat(t, dir, nil, "up", "--reconfigure"); r.code != 0 {
+		t.Fatalf("up --reconfigure: %d %s", r.code, r.stderr)
+	}
+	if r := moat(t, dir, nil, "run", "--", "sh", "-c", "echo $PHASE"); r.stdout != "two\n" {
+		t.Fatalf("after --reconfigure: %q %s", r.stdout, r.stderr)
+	}
+	if r := moat(t, dir, nil, "network", "list", "reconf-e2e"); !strings.Contains(r.stdout, "reconf.test") {
+		t.Errorf("the new rule is not in force:\n%s", r.stdout)
+	}
+}
