@@ -167,8 +167,8 @@ func (f *forwards) listen(e forward.Entry) (*localForward, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add NAME %d:%d",
-				e.Host, e.ListenAddress(), e.Host, nextPort(e.Host), e.Guest)
+			return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add %s %d:%d",
+				e.Host, e.ListenAddress(), e.Host, filepath.Base(f.d.o.Dir), nextPort(e.Host), e.Guest)
 		}
 		return nil, fmt.Errorf("listening on %s for the forward to guest port %d: %w", addr, e.Guest, err)
 	}
@@ -292,7 +292,7 @@ func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
 		return true
 	}
 	f.audit(audit.Record{Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Deny,
-		Reason: fmt.Sprintf("gateway port %d is not a reverse forward (open it with: moat forward add --reverse NAME %d)", port, port)})
+		Reason: fmt.Sprintf("gateway port %d is not a reverse forward (open it with: moat forward add --reverse %s %d)", port, filepath.Base(f.d.o.Dir), port)})
 	return false
 }
 
@@ -403,7 +403,7 @@ func ForwardOf(e forward.Entry, status, why string) control.Forward {
 
 // ApplyForwardChange changes the runtime forwards in rt (the record's) as
 // ch says, against the configuration's forwards cfg.
-func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, ch control.ForwardChange) error {
+func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string, ch control.ForwardChange) error {
 	fw, pair, err := forward.Parse(ch.Spec)
 	if err != nil {
 		return err
@@ -413,9 +413,9 @@ func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, ch contr
 		if fw.Address, err = forward.CheckAddress(ch.Address); err != nil {
 			return err
 		}
-		return forward.Add(rt, cfg, ch.Reverse, fw)
+		return forward.Add(rt, cfg, sandbox, ch.Reverse, fw)
 	case "remove":
-		_, err := forward.Remove(rt, cfg, ch.Reverse, fw, pair)
+		_, err := forward.Remove(rt, cfg, sandbox, ch.Reverse, fw, pair)
 		return err
 	default:
 		return fmt.Errorf("%w: unknown operation %q: use add or remove", forward.ErrSpec, ch.Op)
@@ -441,7 +441,7 @@ func (f *forwards) change(ch control.ForwardChange) error {
 			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
 		}
 		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := ApplyForwardChange(rt, cfg.Forwards, ch); err != nil {
+		if err := ApplyForwardChange(rt, cfg.Forwards, filepath.Base(f.d.o.Dir), ch); err != nil {
 			return err
 		}
 		f.sync(forward.Entries(cfg.Forwards, rt))

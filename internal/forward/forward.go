@@ -155,8 +155,9 @@ func Entries(cfg config.Forwards, rt *state.RuntimeForwards) []Entry {
 
 // Add adds a runtime forward to rt, refusing one whose listening port is
 // taken by another forward of the same direction. Adding a forward that
-// is already there is not an error.
-func Add(rt *state.RuntimeForwards, cfg config.Forwards, reverse bool, f state.Forward) error {
+// is already there is not an error. sandbox is the name errors' commands
+// use.
+func Add(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string, reverse bool, f state.Forward) error {
 	if reverse && f.Address != "" {
 		return fmt.Errorf("%w: a reverse forward always reaches 127.0.0.1 on the host; drop --address", ErrSpec)
 	}
@@ -168,8 +169,12 @@ func Add(rt *state.RuntimeForwards, cfg config.Forwards, reverse bool, f state.F
 		if o.Forward == f {
 			return nil
 		}
-		return fmt.Errorf("%w: %s is already forwarded (%s, from %s); remove it first with: moat forward remove%s NAME %d",
-			ErrSpec, describePort(reverse, e.ListenPort()), o.Spec(), o.Source, reverseFlag(reverse), o.ListenPort())
+		if o.Source == SourceConfig {
+			return fmt.Errorf("%w: %s is already forwarded by [forwards] in moat.toml or config.toml (%s); pick another port",
+				ErrSpec, describePort(reverse, e.ListenPort()), o.Spec())
+		}
+		return fmt.Errorf("%w: %s is already forwarded (%s); remove it first with: moat forward remove%s %s %d",
+			ErrSpec, describePort(reverse, e.ListenPort()), o.Spec(), reverseFlag(reverse), sandbox, o.ListenPort())
 	}
 	if reverse {
 		rt.Reverse = append(rt.Reverse, f)
@@ -183,7 +188,7 @@ func Add(rt *state.RuntimeForwards, cfg config.Forwards, reverse bool, f state.F
 // spec's port, and when the spec named both ports, only if it forwards
 // to the other. A forward from the configuration is refused with where
 // to change it.
-func Remove(rt *state.RuntimeForwards, cfg config.Forwards, reverse bool, f state.Forward, pair bool) (Entry, error) {
+func Remove(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string, reverse bool, f state.Forward, pair bool) (Entry, error) {
 	e := Entry{Reverse: reverse, Forward: f}
 	match := func(o Entry) bool {
 		return o.Reverse == reverse && o.ListenPort() == e.ListenPort() && (!pair || (o.Host == f.Host && o.Guest == f.Guest))
@@ -203,7 +208,7 @@ func Remove(rt *state.RuntimeForwards, cfg config.Forwards, reverse bool, f stat
 			return Entry{Reverse: reverse, Forward: o, Source: SourceRuntime}, nil
 		}
 	}
-	return Entry{}, fmt.Errorf("%w: no %s forward on %s; see: moat forward list NAME", ErrSpec, direction(reverse), describePort(reverse, e.ListenPort()))
+	return Entry{}, fmt.Errorf("%w: no %s forward added on %s; see: moat forward list %s", ErrSpec, direction(reverse), describePort(reverse, e.ListenPort()), sandbox)
 }
 
 func describePort(reverse bool, port uint16) string {

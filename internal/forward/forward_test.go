@@ -126,9 +126,9 @@ func TestAddRemove(t *testing.T) {
 		}
 		f.Address = s.addr
 		if s.op == "add" {
-			err = Add(rt, cfg, s.reverse, f)
+			err = Add(rt, cfg, "api", s.reverse, f)
 		} else {
-			_, err = Remove(rt, cfg, s.reverse, f, pair)
+			_, err = Remove(rt, cfg, "api", s.reverse, f, pair)
 		}
 		if (err != nil) != s.wantErr {
 			t.Fatalf("step %d %+v: err %v, want error %v", i, s, err, s.wantErr)
