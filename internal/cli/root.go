@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 )
 
@@ -50,6 +51,16 @@ func Main(args []string) int {
 			}
 			fmt.Println(owner)
 			return ExitOK
+		case resources.ReaperCommand:
+			// Removes a killed daemon's cgroup (resources.Reap).
+			if len(args) < 4 {
+				return ExitUsage
+			}
+			pid, err := strconv.Atoi(args[3])
+			if err != nil {
+				return ExitUsage
+			}
+			return resources.Reap(args[2], pid)
 		case "__daemon":
 			if len(args) < 3 {
 				return ExitUsage

@@ -29,6 +29,15 @@ func (d *daemon) startGroup() (func(), error) {
 	b, err := g.JSON()
 	if err != nil {
 		g.Remove(d.o.Dir)
+		g.Release()
+		return nil, err
+	}
+	// The reaper removes the group if this daemon is killed (see the
+	// resources package doc); it must exist before anything joins it.
+	reaper, err := g.StartReaper(d.o.Moat, d.o.Dir, os.Stderr)
+	if err != nil {
+		g.Remove(d.o.Dir)
+		g.Release()
 		return nil, err
 	}
 	d.group = g
@@ -52,8 +61,12 @@ func (d *daemon) startGroup() (func(), error) {
 			})
 		}
 		if err := g.Remove(d.o.Dir); err != nil {
-			d.log.Warn("removing the sandbox's cgroup", "err", err)
+			// The reaper retries once this daemon has exited.
+			d.log.Warn("removing the sandbox's cgroup; its reaper retries", "err", err)
+		} else {
+			reaper.Dismiss()
 		}
+		g.Release()
 	}, nil
 }
 

@@ -26,7 +26,8 @@ const GroupFile = "cgroup.json"
 type Group struct {
 	cg   cgroup.Cgroup
 	v2   bool
-	path string // what runsc gets as linux.cgroupsPath
+	path string   // what runsc gets as linux.cgroupsPath
+	lock *os.File // the group lock (reaper_linux.go), held from Create to Remove
 }
 
 // groupID names the group: the sandbox's name, for a person reading
@@ -64,9 +65,24 @@ func (l Limits) spec(softBytes uint64) *specs.LinuxResources {
 
 // Create makes the sandbox's group with its limits, removing first any
 // group a killed daemon of the same sandbox left, and records it in
-// stateDir. The soft limit starts at the ceiling.
-func Create(stateDir string, l Limits) (*Group, error) {
-	RemoveStale(stateDir)
+// stateDir. The soft limit starts at the ceiling. It takes the group lock
+// first, which waits for the reaper of a killed daemon to finish, and holds
+// it until Remove.
+func Create(stateDir string, l Limits) (g *Group, err error) {
+	lock, ok, err := lockGroup(stateDir, lockWait)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("the reaper of this sandbox's previous daemon has held its cgroup lock (%s) for %s; see daemon.log in %s, or remove the lock file if no moat process of this sandbox is left",
+			filepath.Join(stateDir, lockFile), lockWait, stateDir)
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	removeStaleLocked(stateDir)
 	id := groupID(stateDir)
 	v2 := cgroup.IsOnlyV2()
 	path := filepath.Join("moat", id) // v1: under the daemon's own group in each hierarchy
@@ -86,7 +102,7 @@ func Create(stateDir string, l Limits) (*Group, error) {
 		cg.Uninstall()
 		return nil, fmt.Errorf("creating the sandbox's cgroup (are the cpu, memory and pids controllers enabled? see /proc/cgroups): %w", err)
 	}
-	g := &Group{cg: cg, v2: v2, path: path}
+	g = &Group{cg: cg, v2: v2, path: path, lock: lock}
 	if v2 {
 		// Install writes nothing when the directory already exists.
 		if err := g.set(res); err != nil {
@@ -144,7 +160,8 @@ func Enter(b []byte) error {
 }
 
 // Remove deletes the group (its processes must be gone; it retries for a
-// few seconds while they exit) and its record.
+// few seconds while they exit) and its record. The group lock stays held
+// (by this process and its reaper) until Release.
 func (g *Group) Remove(stateDir string) error {
 	err := g.cg.Uninstall()
 	if err == nil {
@@ -153,10 +170,39 @@ func (g *Group) Remove(stateDir string) error {
 	return err
 }
 
+// Release lets go of the group lock. Call it after Remove and after the
+// reaper was dismissed (or is left to finish the removal).
+func (g *Group) Release() {
+	if g.lock != nil {
+		g.lock.Close()
+		g.lock = nil
+	}
+}
+
+// loadGroup is a group from its record (JSON).
+func loadGroup(b []byte) (*Group, error) {
+	var j cgroup.CgroupJSON
+	if err := json.Unmarshal(b, &j); err != nil || j.Cgroup == nil {
+		return nil, fmt.Errorf("reading the sandbox's cgroup record: %v", err)
+	}
+	return &Group{cg: j.Cgroup, v2: cgroup.IsOnlyV2()}, nil
+}
+
 // RemoveStale removes the group recorded in stateDir, if any: one a killed
 // daemon could not remove. Callers make sure no daemon of the sandbox is
-// alive.
+// alive. When the group lock is held, a killed daemon's reaper is removing
+// the group right now, and RemoveStale leaves it to it.
 func RemoveStale(stateDir string) error {
+	lock, ok, err := lockGroup(stateDir, 0)
+	if err != nil || !ok {
+		return err
+	}
+	defer lock.Close()
+	return removeStaleLocked(stateDir)
+}
+
+// removeStaleLocked is RemoveStale with the group lock held.
+func removeStaleLocked(stateDir string) error {
 	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -30,6 +30,31 @@
 // user was confined to. <id> is the sandbox name and a hash of its state
 // directory, so two MOAT_HOMEs never share a group.
 //
+// A killed daemon's group. The shim's parent-death signal takes the
+// sandbox down with a SIGKILLed daemon, but an empty cgroup is not removed
+// by the kernel, and nothing of the daemon's can run after SIGKILL. So the
+// daemon starts a reaper right after creating the group: the same binary
+// (`moat __reaper DIR PID`), its child, in the daemon's own cgroup (never
+// the sandbox's, which it must remove) and its own session. The reaper
+// holds the read end of a pipe whose write end only the daemon holds
+// (close-on-exec, so no shim or runsc inherits it): end of file there
+// means the daemon is gone, however it went. The reaper then waits, at
+// most 10 s, for the group to empty, SIGKILLs whatever is still inside,
+// removes the group and its record, and exits. Its parent-death signal
+// (SIGTERM, from a thread the daemon locks for the reaper's life) is the
+// second way it learns of the daemon's death, checked against a changed
+// parent pid, so a reaper cannot outlive its daemon for long even if the
+// pipe were somehow held open. A daemon that stops cleanly removes the
+// group itself and dismisses its reaper with one byte on the pipe. The
+// group lock (cgroup.lock in the state dir) orders the two: Create takes
+// it, the reaper inherits the same open file (so it stays held after the
+// daemon's death until the reaper is done), and the next daemon's Create
+// waits for it, so a reaper never removes a group that a new daemon just
+// made under the same name. A systemd-style scope was the alternative;
+// it needs systemd, which this kind of host (and many containers) lacks.
+// `moat up` still removes a group recorded by a sandbox with no daemon and
+// no reaper (the reaper itself killed, say).
+//
 // The soft limit is memory.high on v2 (the kernel throttles and reclaims
 // above it) and memory.soft_limit_in_bytes on v1 (reclaimed first under
 // global pressure). The ceiling is memory.max / memory.limit_in_bytes, where

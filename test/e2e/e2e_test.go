@@ -5,8 +5,11 @@ package e2e
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -195,7 +198,8 @@ func TestDownKeepsUpperDestroyCleans(t *testing.T) {
 	assertNothingLeft(t)
 }
 
-// assertNothingLeft checks mounts, namespaces' processes and runsc.
+// assertNothingLeft checks mounts, namespaces' processes, runsc, and the
+// cgroups of this MOAT_HOME's sandboxes in every hierarchy (v1 and v2).
 func assertNothingLeft(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -207,10 +211,11 @@ func assertNothingLeft(t *testing.T) {
 			left = append(left, "mounts under MOAT_HOME")
 		}
 		for _, l := range strings.Split(string(ps), "\n") {
-			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim")) {
+			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim") || strings.Contains(l, "__reaper")) {
 				left = append(left, l)
 			}
 		}
+		left = append(left, ourCgroups()...)
 		if len(left) == 0 {
 			return
 		}
@@ -221,6 +226,39 @@ func assertNothingLeft(t *testing.T) {
 	}
 }
 
+// ourCgroups lists the cgroups of this MOAT_HOME's sandboxes, in every
+// hierarchy under /sys/fs/cgroup: a directory moat/<name>-<hash>, where
+// hash is the first 4 bytes of the SHA-256 of the sandbox's state dir
+// (resources.groupID), so other MOAT_HOMEs' groups on a shared host are
+// not ours. Bounded in depth.
+func ourCgroups() []string {
+	var out []string
+	const maxDepth = 6
+	filepath.WalkDir("/sys/fs/cgroup", func(p string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		rel, _ := filepath.Rel("/sys/fs/cgroup", p)
+		if strings.Count(rel, "/") >= maxDepth {
+			return filepath.SkipDir
+		}
+		if filepath.Base(filepath.Dir(p)) != "moat" {
+			return nil
+		}
+		name := filepath.Base(p)
+		i := strings.LastIndexByte(name, '-')
+		if i < 0 {
+			return nil
+		}
+		sum := sha256.Sum256([]byte(filepath.Join(moatHome, "state", "sandboxes", name[:i])))
+		if name[i+1:] == hex.EncodeToString(sum[:4]) {
+			out = append(out, "cgroup "+p)
+		}
+		return filepath.SkipDir
+	})
+	return out
+}
+
 func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 	dir := project(t, "crashy")
 	mustMoat(t, dir, "up")
@@ -229,12 +267,17 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if len(ourCgroups()) == 0 {
+		t.Fatal("no cgroup of the running sandbox found under /sys/fs/cgroup: the check below would prove nothing")
+	}
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 100 && syscall.Kill(pid, 0) == nil; i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
+	// Nothing left, the sandbox's cgroup included, before any moat
+	// command runs again: the killed daemon's reaper removed it.
 	assertNothingLeft(t)
 	if out := mustMoat(t, dir, "list"); !strings.Contains(out, "crashed") {
 		t.Fatalf("list after SIGKILL:\n%s", out)

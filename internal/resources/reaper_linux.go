@@ -1,0 +1,231 @@
+package resources
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The reaper removes the group of a daemon that was killed (see the
+// package doc). It is the moat binary's hidden role `__reaper DIR`.
+
+// ReaperCommand is the hidden subcommand that runs Reap.
+const ReaperCommand = "__reaper"
+
+// The reaper's inherited fds: the read end of the daemon's pipe and the
+// group lock the daemon took in Create.
+const (
+	reaperPipeFD = 3
+	reaperLockFD = 4
+)
+
+// doneByte is what the daemon writes on the pipe when it has removed the
+// group itself: the reaper then leaves without touching anything.
+const doneByte = 'd'
+
+// Bounds of the reaper's work after the daemon is gone. The shim's
+// parent-death signal empties the group in well under a second; emptyWait
+// is for a loaded host, and what is still there after it is killed.
+const (
+	emptyWait = 10 * time.Second
+	killWait  = 5 * time.Second
+)
+
+// lockWait bounds how long Create waits for a previous daemon's reaper:
+// longer than the reaper's own bounds (emptyWait, killWait, and the cgroup
+// library's 5 s of rmdir retries).
+const lockWait = 30 * time.Second
+
+// lockFile is the group lock in the sandbox's state directory. Whoever
+// holds it owns the group's directories: the daemon from Create on, and
+// its reaper, which shares the very same lock (the fd is inherited, so one
+// open file description) and holds it after the daemon is gone until the
+// group is removed.
+const lockFile = "cgroup.lock"
+
+// lockGroup takes the sandbox's group lock, waiting up to wait for it.
+// ok is false when another holder kept it that long.
+func lockGroup(stateDir string, wait time.Duration) (f *os.File, ok bool, err error) {
+	f, err = os.OpenFile(filepath.Join(stateDir, lockFile), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, false, fmt.Errorf("opening the sandbox's cgroup lock: %w", err)
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, true, nil
+		}
+		if err != unix.EWOULDBLOCK && err != unix.EINTR {
+			f.Close()
+			return nil, false, fmt.Errorf("taking the sandbox's cgroup lock: %w", err)
+		}
+		if !time.Now().Before(deadline) {
+			f.Close()
+			return nil, false, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Reaper is the daemon's handle on its reaper process.
+type Reaper struct {
+	w    *os.File // the pipe's write end: only the daemon holds it
+	done chan struct{}
+}
+
+// StartReaper starts `moat __reaper` (moat is the binary's path) for the
+// group, as a child of the calling daemon: outside the sandbox's group (it
+// stays in the daemon's), in its own session (a signal to the daemon's
+// process group does not reach it), with stderr to log. Call it once the
+// group exists and before anything joins it.
+func (g *Group) StartReaper(moat, stateDir string, log *os.File) (*Reaper, error) {
+	r, w, err := os.Pipe() // both O_CLOEXEC: no other child ever holds w
+	if err != nil {
+		return nil, fmt.Errorf("creating the reaper's pipe: %w", err)
+	}
+	started := make(chan error, 1)
+	rp := &Reaper{w: w, done: make(chan struct{})}
+	go func() {
+		defer close(rp.done)
+		// The parent-death signal fires when the thread that forked the
+		// child exits: this goroutine keeps its thread for the reaper's
+		// whole life and never unlocks it, so the signal means the
+		// daemon's death and nothing else.
+		goruntime.LockOSThread()
+		cmd := exec.Command(moat, ReaperCommand, stateDir, strconv.Itoa(os.Getpid()))
+		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+		cmd.Stderr = log
+		cmd.ExtraFiles = []*os.File{r, g.lock}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
+		err := cmd.Start()
+		r.Close()
+		started <- err
+		if err == nil {
+			cmd.Wait()
+		}
+	}()
+	if err := <-started; err != nil {
+		w.Close()
+		return nil, fmt.Errorf("starting the cgroup reaper: %w", err)
+	}
+	return rp, nil
+}
+
+// Dismiss tells the reaper that the daemon removed the group itself; it
+// then exits without touching anything. Bounded: a reaper that does not
+// exit within 2 s is left to finish on its own.
+func (rp *Reaper) Dismiss() {
+	if rp == nil {
+		return
+	}
+	rp.w.Write([]byte{doneByte})
+	rp.w.Close()
+	select {
+	case <-rp.done:
+	case <-time.After(2 * time.Second):
+	}
+}
+
+// Reap is the reaper's main. It waits until its daemon (pid daemonPID) is
+// gone: end of file on the pipe, or the parent-death signal with the parent
+// changed. If the daemon dismissed it, it exits at once; otherwise it waits
+// (bounded) for the group to empty, kills what is still inside, removes the
+// group and its record, and exits, releasing the group lock.
+func Reap(stateDir string, daemonPID int) int {
+	pipe := os.NewFile(reaperPipeFD, "reaper-pipe")
+	lock := os.NewFile(reaperLockFD, "cgroup-lock")
+	defer lock.Close()
+	logf := func(format string, a ...any) {
+		fmt.Fprintf(os.Stderr, "time=%s level=INFO msg=%q component=reaper\n", time.Now().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
+	}
+	dismissed := make(chan bool, 1)
+	go func() {
+		b := make([]byte, 1)
+		n, _ := pipe.Read(b)
+		dismissed <- n == 1 && b[0] == doneByte
+	}()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	for {
+		select {
+		case d := <-dismissed:
+			if d {
+				return 0
+			}
+		case <-sigs:
+			// Also a stray SIGTERM from someone else: only a changed
+			// parent means the daemon is gone.
+			if os.Getppid() == daemonPID {
+				continue
+			}
+		}
+		break
+	}
+	signal.Reset()
+	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	g, err := loadGroup(b)
+	if err != nil {
+		logf("the daemon is gone; cannot read its cgroup record: %v", err)
+		return 1
+	}
+	start := time.Now()
+	left := g.procs()
+	for len(left) > 0 && time.Since(start) < emptyWait {
+		time.Sleep(50 * time.Millisecond)
+		left = g.procs()
+	}
+	if len(left) > 0 {
+		logf("the daemon is gone and %d process(es) are still in its sandbox's cgroup after %s; killing them", len(left), emptyWait)
+		for _, pid := range left {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		for k := time.Now(); len(g.procs()) > 0 && time.Since(k) < killWait; {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	if err := g.cg.Uninstall(); err != nil {
+		logf("the daemon is gone; removing its sandbox's cgroup: %v (moat up removes it later)", err)
+		return 1
+	}
+	os.Remove(filepath.Join(stateDir, GroupFile))
+	logf("the daemon is gone; removed its sandbox's cgroup in %s", time.Since(start).Round(time.Millisecond))
+	return 0
+}
+
+// procs lists the processes in the group, over the hierarchies that matter
+// on v1 (a process joins them all at once) or the one group of v2.
+func (g *Group) procs() []int {
+	seen := map[int]bool{}
+	var out []int
+	for _, c := range []string{"memory", "pids", "cpu"} {
+		f, err := os.Open(filepath.Join(g.cg.MakePath(c), "cgroup.procs"))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(io.LimitReader(f, 1<<20))
+		for sc.Scan() {
+			if pid, err := strconv.Atoi(strings.TrimSpace(sc.Text())); err == nil && pid > 0 && !seen[pid] {
+				seen[pid] = true
+				out = append(out, pid)
+			}
+		}
+		f.Close()
+	}
+	return out
+}
