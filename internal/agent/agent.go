@@ -59,6 +59,10 @@ type Server struct {
 	// while it is still writing the user's files, and no session may start
 	// before those exist.
 	Ready <-chan struct{}
+
+	// GlobalRequest, when set, answers the connection's global requests
+	// (the daemon's "oomkill@moat.dev"); unset, they are refused.
+	GlobalRequest func(name string, payload []byte) (ok bool, reply []byte)
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a
@@ -179,7 +183,17 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 	var wg sync.WaitGroup
 	// Global requests (keepalives today, tcpip-forward later) must be
 	// serviced or the mux stalls; the loop ends when the connection closes.
-	wg.Go(func() { ssh.DiscardRequests(reqs) })
+	wg.Go(func() {
+		for r := range reqs {
+			ok, reply := false, []byte(nil)
+			if s.GlobalRequest != nil {
+				ok, reply = s.GlobalRequest(r.Type, r.Payload)
+			}
+			if r.WantReply {
+				r.Reply(ok, reply)
+			}
+		}
+	})
 	for nch := range chans {
 		h := s.channelHandler(nch.ChannelType())
 		if h == nil {

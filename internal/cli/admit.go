@@ -130,6 +130,9 @@ func printResources(out io.Writer, r *control.Resources) {
 	fmt.Fprintf(out, "memory:     %s used, soft limit %s, baseline %s, ceiling %s\n",
 		mib(r.MemoryUsageBytes), mib(r.MemoryLimitBytes), mib(r.MemoryBaselineBytes), mib(r.MemoryCeilingBytes))
 	fmt.Fprintf(out, "pressure:   sandbox %s, host %s\n", pressure, r.HostPressure)
-	fmt.Fprintf(out, "oom kills:  %d (ceiling reached %d times)\n", r.OOMKills, r.LimitHits)
+	fmt.Fprintf(out, "oom kills:  %d in the guest, the sandbox kept running; %d by the host's kernel (hard limit reached %d times)\n", r.GuestOOMKills, r.OOMKills, r.LimitHits)
+	if r.LastGuestOOMKill != "" {
+		fmt.Fprintf(out, "last oom:   %s\n", r.LastGuestOOMKill)
+	}
 	fmt.Fprintf(out, "pids:       %d of %d\n", r.Pids, r.PidsMax)
 }

@@ -13,8 +13,12 @@ type Resources struct {
 	// -1 where the host has none (cgroup v1).
 	MemoryPressure float64 `json:"memory_pressure"`
 	HostPressure   string  `json:"host_pressure"` // calm | between | moderate | high | unknown
-	OOMKills       uint64  `json:"oom_kills"`     // processes the OOM killer took at the ceiling
+	OOMKills       uint64  `json:"oom_kills"`     // processes the kernel's OOM killer took (the sandbox died of it)
 	LimitHits      uint64  `json:"limit_hits"`    // times usage reached the ceiling
 	Pids           uint64  `json:"pids"`          // host tasks in the sandbox's cgroup
 	PidsMax        int     `json:"pids_max"`
+	// GuestOOMKills are the guest processes moat killed at the ceiling,
+	// the sandbox staying up; LastGuestOOMKill describes the last one.
+	GuestOOMKills    int    `json:"guest_oom_kills"`
+	LastGuestOOMKill string `json:"last_guest_oom_kill,omitempty"`
 }

@@ -95,6 +95,7 @@ type daemon struct {
 
 	group     *resources.Group // the sandbox's cgroup; nil without Options.Limits
 	hostLevel atomic.Int32     // the elastic loop's last resources.Level, for status
+	guard     oomGuard         // the guest's OOM kills (resources.go)
 
 	// idleMu guards the idle watchdog's last sample, for status.
 	idleMu       sync.Mutex
@@ -210,6 +211,9 @@ func (d *daemon) run() error {
 		d.setStopped(state.StopError, err)
 		return err
 	}
+	// The guest is up and runsc has sized it: the OOM guard may raise
+	// the cgroup's hard limit above the ceiling (resources.go).
+	go d.guardOOM(ctx)
 	if err := d.hooks(ctx, exited, sigs); err != nil {
 		return err
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/guest"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/state"
 )
@@ -113,6 +115,89 @@ func (d *daemon) elastic(ctx context.Context) {
 	}
 }
 
+// oomGuard is what the OOM guard has done, for status.
+type oomGuard struct {
+	mu    sync.Mutex
+	kills int
+	last  string
+}
+
+// killGap is the least time between two guest OOM kills: gVisor gives a
+// killed process's memory back at once, and the next sample must see that
+// before it judges the guest still over its ceiling.
+const killGap = 100 * time.Millisecond
+
+// guardOOM keeps the guest's memory ceiling inside the sandbox (see the
+// resources package's oom.go): it raises the cgroup's hard limit to the
+// ceiling plus resources.Headroom, then samples the group's usage, sooner
+// the nearer it is to the ceiling, and when the working set has reached
+// the ceiling kills the guest's largest process. Until ctx ends.
+func (d *daemon) guardOOM(ctx context.Context) {
+	if d.group == nil {
+		return
+	}
+	l := d.o.Limits
+	hard := l.CeilingBytes + resources.Headroom(*l)
+	if err := d.group.SetHard(hard); err != nil {
+		// The ceiling stays the kernel's: the sandbox dies whole at it.
+		d.log.Warn("raising the cgroup's hard limit above the ceiling; the guest's OOM kills will stop the whole sandbox", "err", err)
+		return
+	}
+	d.log.Info("guest OOM guard on", "ceiling_mib", l.CeilingBytes/resources.MiB, "hard_limit_mib", hard/resources.MiB)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	var lastKill time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		u := d.group.Usage()
+		if u >= l.CeilingBytes && time.Since(lastKill) >= killGap {
+			if ws := d.group.WorkingSet(); ws >= l.CeilingBytes {
+				d.oomKill(ctx, ws)
+				lastKill = time.Now()
+				u = d.group.Usage()
+			}
+		}
+		t.Reset(resources.GuardWait(u, l.CeilingBytes, l.CPUs))
+	}
+}
+
+// oomKill has the guest kill its largest process (guest.OOMKill, in the
+// agent: a global request on the daemon's connection to it) and records
+// it: the daemon's log, the record, status.
+func (d *daemon) oomKill(ctx context.Context, workingSet uint64) {
+	if d.proxy == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	ok, reply, err := d.proxy.GlobalRequest(ctx, guest.OOMKillRequest, nil)
+	what := string(reply)
+	if len(what) > 200 {
+		what = what[:200]
+	}
+	if err != nil || !ok {
+		d.log.Warn("the guest reached its memory ceiling and killing its largest process failed", "working_set_mib", workingSet/resources.MiB, "err", err, "reply", what)
+		return
+	}
+	note := fmt.Sprintf("%s: killed %s (memory at the ceiling, memory_max %s)",
+		time.Now().Format(time.RFC3339), what, resources.FormatMiB(d.o.Limits.CeilingBytes))
+	d.log.Warn("guest process OOM-killed at the memory ceiling", "killed", what, "working_set_mib", workingSet/resources.MiB, "kill_ms", time.Since(start).Milliseconds())
+	d.guard.mu.Lock()
+	d.guard.kills++
+	d.guard.last = note
+	d.guard.mu.Unlock()
+	state.Update(d.o.Dir, func(r *state.Record) error {
+		r.GuestOOMKills++
+		r.LastOOMKill = note
+		return nil
+	})
+}
+
 // resourceStatus is the status API's resources, nil without a group.
 func (d *daemon) resourceStatus() *control.Resources {
 	if d.group == nil {
@@ -123,12 +208,16 @@ func (d *daemon) resourceStatus() *control.Resources {
 		return nil
 	}
 	l := d.o.Limits
+	d.guard.mu.Lock()
+	kills, last := d.guard.kills, d.guard.last
+	d.guard.mu.Unlock()
 	return &control.Resources{
 		CPUs: l.CPUs, CPUSeconds: float64(s.CPUNanos) / 1e9,
 		MemoryUsageBytes: s.UsageBytes, MemoryLimitBytes: min(s.SoftBytes, l.CeilingBytes),
 		MemoryBaselineBytes: l.BaselineBytes, MemoryCeilingBytes: l.CeilingBytes,
 		MemoryPressure: s.SomeAvg10, HostPressure: d.hostLevelText(),
 		OOMKills: s.OOMKills, LimitHits: s.LimitHits, Pids: s.Pids, PidsMax: l.PidsMax,
+		GuestOOMKills: kills, LastGuestOOMKill: last,
 	}
 }
 

@@ -36,6 +36,18 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 		UID: spec.UID, GID: spec.GID,
 		Home: spec.Home, Dir: spec.Workspace, Env: spec.Env, Log: log,
 		Children: children,
+		// The daemon's OOM guard (oomkill_linux.go), answered in
+		// process: no fork or exec while the guest is at its ceiling.
+		GlobalRequest: func(name string, _ []byte) (bool, []byte) {
+			if name != OOMKillRequest {
+				return false, nil
+			}
+			what, err := OOMKill()
+			if err != nil {
+				return false, []byte(err.Error())
+			}
+			return true, []byte(what)
+		},
 	}, nil
 }
 

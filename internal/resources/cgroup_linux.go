@@ -313,3 +313,37 @@ func readKeyed(dir, name string) map[string]uint64 {
 	}
 	return out
 }
+
+// SetHard sets the hard limit (memory.max / memory.limit_in_bytes).
+func (g *Group) SetHard(bytes uint64) error {
+	l := int64(bytes)
+	return g.set(&specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &l}})
+}
+
+// Usage is the memory charged to the group now: one file read, for the
+// OOM guard's frequent samples.
+func (g *Group) Usage() uint64 {
+	if g.v2 {
+		return readUint(g.cg.MakePath("memory"), "memory.current")
+	}
+	return readUint(g.cg.MakePath("memory"), "memory.usage_in_bytes")
+}
+
+// WorkingSet is the group's usage less the file cache on the file LRU
+// lists, which the kernel drops before it OOM-kills anything: what the
+// guest really holds. gVisor's guest memory is a memfd, i.e. shmem, on the
+// anon lists, so it all counts; the gofer's reads of the workspace are file
+// cache and do not.
+func (g *Group) WorkingSet() uint64 {
+	mem := g.cg.MakePath("memory")
+	st := readKeyed(mem, "memory.stat")
+	file := st["active_file"] + st["inactive_file"]
+	if !g.v2 {
+		file = st["total_active_file"] + st["total_inactive_file"]
+	}
+	u := g.Usage()
+	if file >= u {
+		return 0
+	}
+	return u - file
+}

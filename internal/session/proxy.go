@@ -164,6 +164,31 @@ func (p *Proxy) guestClient(ctx context.Context) (*ssh.Client, error) {
 	return c, nil
 }
 
+// GlobalRequest sends a global request to the agent on the shared
+// connection and returns its answer; bounded by ctx.
+func (p *Proxy) GlobalRequest(ctx context.Context, name string, payload []byte) (ok bool, reply []byte, err error) {
+	c, err := p.guestClient(ctx)
+	if err != nil {
+		return false, nil, err
+	}
+	type answer struct {
+		ok    bool
+		reply []byte
+		err   error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		ok, reply, err := c.SendRequest(name, true, payload)
+		ch <- answer{ok, reply, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.ok, a.reply, a.err
+	case <-ctx.Done():
+		return false, nil, ctx.Err()
+	}
+}
+
 // Close closes the connection to the agent.
 func (p *Proxy) Close() {
 	p.mu.Lock()

@@ -132,6 +132,11 @@ type Record struct {
 	// Forwards are the port forwards added at run time (`moat forward
 	// add`), started again with the sandbox and discarded by destroy.
 	Forwards *RuntimeForwards `json:"runtime_forwards,omitempty"`
+	// GuestOOMKills counts the guest processes killed at the memory
+	// ceiling (resources/oom.go) over the sandbox's life; LastOOMKill
+	// says when, which process and how large.
+	GuestOOMKills int    `json:"guest_oom_kills,omitempty"`
+	LastOOMKill   string `json:"last_oom_kill,omitempty"`
 }
 
 // RuntimeForwards are the port forwards added at run time. Field names

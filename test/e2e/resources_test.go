@@ -22,12 +22,15 @@ func writeToml(t *testing.T, dir, toml string) {
 type statusJSON struct {
 	State     string `json:"state"`
 	Error     string `json:"error"`
+	DaemonPID int    `json:"daemon_pid"`
 	Resources *struct {
 		CPUs               int    `json:"cpus"`
 		MemoryCeilingBytes uint64 `json:"memory_ceiling_bytes"`
 		MemoryLimitBytes   uint64 `json:"memory_limit_bytes"`
 		OOMKills           uint64 `json:"oom_kills"`
 		PidsMax            int    `json:"pids_max"`
+		GuestOOMKills      int    `json:"guest_oom_kills"`
+		LastGuestOOMKill   string `json:"last_guest_oom_kill"`
 	} `json:"resources"`
 }
 
@@ -40,8 +43,9 @@ func statusOf(t *testing.T, dir, name string) statusJSON {
 	return s
 }
 
-// The guest sees its limits, and the ceiling's OOM kill leaves the daemon
-// and the host alone and shows in status.
+// The guest sees its limits; a guest process that allocates past the
+// ceiling is OOM-killed inside the sandbox, which keeps running (same
+// daemon, a second command works), and status shows the kill.
 func TestMemoryCeilingOOM(t *testing.T) {
 	dir := project(t, "oomy")
 	writeToml(t, dir, "[sandbox]\ncpus = 1\nmemory = \"512MiB\"\nmemory_max = \"640MiB\"\npids_max = 512\n")
@@ -52,18 +56,35 @@ func TestMemoryCeilingOOM(t *testing.T) {
 	if f := strings.Fields(out); len(f) == 0 || f[0] != "2" {
 		t.Errorf("guest's nproc: %q, want 2 (cpus = 1, and gVisor never shows fewer than 2)", out)
 	}
-	s := statusOf(t, dir, "oomy")
-	if s.Resources == nil || s.Resources.MemoryCeilingBytes != 640<<20 || s.Resources.PidsMax != 512 || s.Resources.CPUs != 1 {
-		t.Fatalf("status resources = %+v", s.Resources)
+	before := statusOf(t, dir, "oomy")
+	if before.Resources == nil || before.Resources.MemoryCeilingBytes != 640<<20 || before.Resources.PidsMax != 512 || before.Resources.CPUs != 1 {
+		t.Fatalf("status resources = %+v", before.Resources)
 	}
-	// tail of an endless line keeps it all in memory; bounded in time.
-	moat(t, dir, nil, "run", "--", "sh", "-c", "timeout 60 tail /dev/zero")
-	s = statusOf(t, dir, "oomy")
-	if !strings.Contains(s.Error, "out of memory") {
-		t.Fatalf("status after the guest passed its ceiling: state %s, error %q; want the OOM event", s.State, s.Error)
+	// Twice: tail of an endless line keeps it all in memory (bounded in
+	// time), then many smaller allocations from a loop of shell processes
+	// next to a big one.
+	for i, script := range []string{
+		"timeout 60 tail /dev/zero",
+		"for i in 1 2 3; do (head -c 100000000 /dev/zero | tail > /dev/null &) ; done; timeout 60 tail /dev/zero",
+	} {
+		r := moat(t, dir, nil, "run", "--", "sh", "-c", script)
+		if r.code != 137 {
+			t.Errorf("allocation %d past the ceiling: exit %d, want 137 (SIGKILL); stderr %s", i+1, r.code, r.stderr)
+		}
+		s := statusOf(t, dir, "oomy")
+		if s.State != "running" || s.DaemonPID != before.DaemonPID || s.Error != "" {
+			t.Fatalf("after allocation %d: state %s, daemon %d (was %d), error %q; want the same sandbox running", i+1, s.State, s.DaemonPID, before.DaemonPID, s.Error)
+		}
+		if s.Resources.GuestOOMKills != i+1 || !strings.Contains(s.Resources.LastGuestOOMKill, `comm="tail"`) || s.Resources.OOMKills != 0 {
+			t.Fatalf("after allocation %d: guest OOM kills %d, last %q, kernel OOM kills %d; want %d, tail, 0",
+				i+1, s.Resources.GuestOOMKills, s.Resources.LastGuestOOMKill, s.Resources.OOMKills, i+1)
+		}
+		if out := mustMoat(t, dir, "run", "--", "echo", "back"); strings.TrimSpace(out) != "back" {
+			t.Fatalf("a second command after the OOM kill: %q", out)
+		}
 	}
-	if out := mustMoat(t, dir, "run", "--", "echo", "back"); strings.TrimSpace(out) != "back" {
-		t.Fatalf("after the OOM kill: %q", out)
+	if out := mustMoat(t, dir, "status", "oomy"); !strings.Contains(out, "2 in the guest") || !strings.Contains(out, `comm="tail"`) {
+		t.Errorf("moat status does not show the kills:\n%s", out)
 	}
 }
 

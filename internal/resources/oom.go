@@ -1,0 +1,60 @@
+package resources
+
+import "time"
+
+// The guest's OOM kill. All guest memory is gVisor's Sentry's, so when the
+// sandbox's cgroup reaches its hard limit the kernel's OOM killer can only
+// pick the Sentry, and the whole sandbox dies. moat makes the ceiling the
+// guest's and keeps the kernel's limit above it:
+//
+//   - The cgroup's hard limit starts at the ceiling, which is what runsc
+//     reads at start to size the guest (MemTotal = memory_max); once the
+//     guest is up, the daemon raises it to the ceiling plus Headroom.
+//   - The daemon's guard (daemon/resources.go) watches the group's working
+//     set (usage less the file cache the kernel can drop) and, when it
+//     reaches the ceiling, has the guest kill its largest process (`moat
+//     __oomkill`, run as root through the guest agent). gVisor gives freed
+//     guest memory back to the host at once, so the working set falls and
+//     the sandbox keeps running.
+//   - The headroom is what the guest may allocate while the guard notices
+//     and the kill runs; on v2 the soft limit (memory.high, at most the
+//     ceiling) also throttles a runaway allocation above it, which buys
+//     time. Only a guest that outruns all that meets the kernel's OOM
+//     killer, as before, and the daemon records that the sandbox died of it.
+//
+// Measured here (2 cores, systrap): a guest allocates about 200 MB/s per
+// CPU (page faults served by the Sentry), and a kill through the agent
+// takes about 0.1-0.2 s; the guard samples sooner the closer the group is
+// to its ceiling (GuardWait).
+
+// allocPerCPU is the allocation rate the guard plans for: above the
+// ~200 MB/s per CPU measured in a guest, so that it samples early enough.
+const allocPerCPU = 256 * MiB // bytes per second
+
+// Headroom is how far above the ceiling the cgroup's hard limit sits: a
+// second of allocation at allocPerCPU on half the sandbox's CPUs, at
+// least 192 MiB (the kill's own session, sudo and the Sentry's and gofer's
+// own memory live in it too).
+func Headroom(l Limits) uint64 {
+	return max(192*MiB, uint64(max(l.CPUs, 1))*allocPerCPU/2)
+}
+
+// Guard bounds: the guard never samples more often than guardMin (a read of
+// one cgroup file each time) nor less often than guardMax.
+const (
+	guardMin = 20 * time.Millisecond
+	guardMax = time.Second
+)
+
+// GuardWait is how long the guard may sleep before its next sample, with
+// usageBytes charged now, under a ceiling of ceilingBytes, on cpus CPUs:
+// the time the guest needs to allocate the distance at allocPerCPU on every
+// CPU, within [guardMin, guardMax]. At or over the ceiling, guardMin.
+func GuardWait(usageBytes, ceilingBytes uint64, cpus int) time.Duration {
+	if usageBytes >= ceilingBytes {
+		return guardMin
+	}
+	rate := uint64(max(cpus, 1)) * allocPerCPU
+	d := time.Duration(float64(ceilingBytes-usageBytes) / float64(rate) * float64(time.Second))
+	return min(max(d, guardMin), guardMax)
+}
