@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 func writeToml(t *testing.T, dir, toml string) {
@@ -145,5 +146,58 @@ func TestAdmission(t *testing.T) {
 		if !strings.Contains(refused, want) {
 			t.Errorf("refusal lacks %q:\n%s", want, refused)
 		}
+	}
+}
+
+// Induced host pressure (MOAT_TEST_PSI_FILE, read instead of
+// /proc/pressure/memory) lowers a real sandbox's soft limit in the
+// cgroup, and calm gives the ceiling back. Status's memory_limit_bytes is
+// read from the group's own file (memory.soft_limit_in_bytes on v1,
+// memory.high on v2) at each request.
+func TestElasticFollowsHostPressure(t *testing.T) {
+	dir := project(t, "elastic")
+	writeToml(t, dir, "[sandbox]\nmemory = \"512MiB\"\nmemory_max = \"2GiB\"\n")
+	psi := filepath.Join(t.TempDir(), "pressure")
+	write := func(some, full string) {
+		t.Helper()
+		b := "some avg10=" + some + " avg60=0.00 avg300=0.00 total=0\nfull avg10=" + full + " avg60=0.00 avg300=0.00 total=0\n"
+		if err := os.WriteFile(psi+".tmp", []byte(b), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(psi+".tmp", psi); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("0.00", "0.00")
+	if r := moat(t, dir, []string{"MOAT_TEST_PSI_FILE=" + psi, "MOAT_TEST_ELASTIC_EVERY=100ms"}, "up"); r.code != 0 {
+		t.Fatalf("up: exit %d %s", r.code, r.stderr)
+	}
+	// waitSoft polls status (bounded) until the soft limit is want.
+	waitSoft := func(step string, want uint64) {
+		t.Helper()
+		var got uint64
+		for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			s := statusOf(t, dir, "elastic")
+			if s.Resources == nil {
+				t.Fatalf("%s: status has no resources", step)
+			}
+			if got = s.Resources.MemoryLimitBytes; got == want {
+				return
+			}
+		}
+		t.Fatalf("%s: soft limit %d MiB, want %d MiB", step, got>>20, want>>20)
+	}
+	tests := []struct {
+		step, some, full string
+		want             uint64
+	}{
+		{"calm host: the ceiling", "0.00", "0.00", 2 << 30},
+		{"moderate pressure: 3/4 of the ceiling", "15.00", "0.00", 1536 << 20},
+		{"high pressure: 1/2 of the ceiling", "55.00", "12.00", 1 << 30},
+		{"calm again: the ceiling back", "0.00", "0.00", 2 << 30},
+	}
+	for _, tt := range tests {
+		write(tt.some, tt.full)
+		waitSoft(tt.step, tt.want)
 	}
 }
