@@ -95,22 +95,18 @@ func (d *daemon) elastic(ctx context.Context) {
 			d.log.Warn("sampling host memory pressure", "err", err)
 			continue
 		}
-		s, err := d.group.Stats()
-		if err != nil {
-			d.log.Warn("sampling the sandbox's memory", "err", err)
-			continue
-		}
+		usage, soft, some := d.group.MemSample()
 		l := d.o.Limits
-		g := resources.GuestSample{SomeAvg10: s.SomeAvg10, UsageBytes: s.UsageBytes,
-			BaselineBytes: l.BaselineBytes, CeilingBytes: l.CeilingBytes, SoftBytes: s.SoftBytes}
+		g := resources.GuestSample{SomeAvg10: some, UsageBytes: usage,
+			BaselineBytes: l.BaselineBytes, CeilingBytes: l.CeilingBytes, SoftBytes: soft}
 		d.hostLevel.Store(int32(resources.HostLevel(h)) + 1)
-		if want := resources.Target(h, g); want != min(s.SoftBytes, l.CeilingBytes) {
+		if want := resources.Target(h, g); want != min(soft, l.CeilingBytes) {
 			if err := d.group.SetSoft(want); err != nil {
 				d.log.Warn("setting the soft memory limit", "err", err)
 				continue
 			}
-			d.log.Info("soft memory limit moved", "from_mib", min(s.SoftBytes, l.CeilingBytes)/resources.MiB,
-				"to_mib", want/resources.MiB, "host", resources.HostLevel(h).String(), "usage_mib", s.UsageBytes/resources.MiB)
+			d.log.Info("soft memory limit moved", "from_mib", min(soft, l.CeilingBytes)/resources.MiB,
+				"to_mib", want/resources.MiB, "host", resources.HostLevel(h).String(), "usage_mib", usage/resources.MiB)
 		}
 	}
 }
@@ -144,6 +140,23 @@ func (d *daemon) guardOOM(ctx context.Context) {
 		return
 	}
 	d.log.Info("guest OOM guard on", "ceiling_mib", l.CeilingBytes/resources.MiB, "hard_limit_mib", hard/resources.MiB)
+	// The benchmark's knob: "off" (the hard limit stays raised, nothing
+	// samples), or a fixed sampling period.
+	knob := os.Getenv(resources.EnvTestGuard)
+	if knob == "off" {
+		return
+	}
+	fixed, _ := time.ParseDuration(knob)
+	// Below half the ceiling the guard sleeps on the kernel's threshold
+	// notification (v1), waking at most once a minute otherwise; where
+	// there is none (v2) it samples at GuardWait's pace throughout.
+	arm := resources.ArmAt(l.CeilingBytes)
+	n, err := d.group.NotifyAt(arm)
+	if err == nil {
+		defer n.Close()
+	} else {
+		n = nil
+	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var lastKill time.Time
@@ -154,12 +167,21 @@ func (d *daemon) guardOOM(ctx context.Context) {
 		case <-t.C:
 		}
 		u := d.group.Usage()
+		if n != nil && fixed == 0 && u < arm {
+			n.Wait(time.Minute)
+			t.Reset(0)
+			continue
+		}
 		if u >= l.CeilingBytes && time.Since(lastKill) >= killGap {
 			if ws := d.group.WorkingSet(); ws >= l.CeilingBytes {
 				d.oomKill(ctx, ws)
 				lastKill = time.Now()
 				u = d.group.Usage()
 			}
+		}
+		if fixed > 0 {
+			t.Reset(fixed)
+			continue
 		}
 		t.Reset(resources.GuardWait(u, l.CeilingBytes, l.CPUs))
 	}

@@ -12,8 +12,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	"gvisor.dev/gvisor/runsc/cgroup"
 )
 
@@ -346,4 +348,71 @@ func (g *Group) WorkingSet() uint64 {
 		return 0
 	}
 	return u - file
+}
+
+// Notifier wakes the OOM guard when the group's usage crosses a threshold,
+// so that an idle sandbox costs the daemon no samples at all: cgroup v1's
+// memory threshold (an eventfd registered in cgroup.event_control, which
+// the kernel signals when usage crosses it either way). v2 has no such
+// file; NotifyAt returns an error there and the guard polls.
+type Notifier struct {
+	ev    *os.File
+	usage *os.File
+}
+
+// NotifyAt arms a notifier at threshold bytes.
+func (g *Group) NotifyAt(threshold uint64) (*Notifier, error) {
+	if g.v2 {
+		return nil, errors.New("cgroup v2 has no memory thresholds")
+	}
+	mem := g.cg.MakePath("memory")
+	usage, err := os.Open(filepath.Join(mem, "memory.usage_in_bytes"))
+	if err != nil {
+		return nil, err
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		usage.Close()
+		return nil, err
+	}
+	// Non-blocking, so the runtime's poller serves it and a read deadline
+	// bounds each wait.
+	ev := os.NewFile(uintptr(efd), "memory-threshold")
+	line := fmt.Sprintf("%d %d %d", efd, usage.Fd(), threshold)
+	if err := os.WriteFile(filepath.Join(mem, "cgroup.event_control"), []byte(line), 0); err != nil {
+		ev.Close()
+		usage.Close()
+		return nil, fmt.Errorf("arming the memory threshold: %w", err)
+	}
+	return &Notifier{ev: ev, usage: usage}, nil
+}
+
+// Wait blocks until the threshold is crossed (true) or timeout passes.
+func (n *Notifier) Wait(timeout time.Duration) bool {
+	n.ev.SetReadDeadline(time.Now().Add(timeout))
+	var b [8]byte
+	_, err := n.ev.Read(b[:])
+	return err == nil
+}
+
+// Close disarms the notifier (the kernel drops the event with its eventfd).
+func (n *Notifier) Close() {
+	n.ev.Close()
+	n.usage.Close()
+}
+
+// MemSample is the part of Stats the elastic loop needs, at a few file
+// reads instead of Stats' dozen.
+func (g *Group) MemSample() (usage, soft uint64, someAvg10 float64) {
+	mem := g.cg.MakePath("memory")
+	someAvg10 = -1
+	if g.v2 {
+		if p, err := os.ReadFile(filepath.Join(mem, "memory.pressure")); err == nil {
+			if some, _, err := ParsePressure(string(p)); err == nil {
+				someAvg10 = some
+			}
+		}
+		return readUint(mem, "memory.current"), readUint(mem, "memory.high"), someAvg10
+	}
+	return readUint(mem, "memory.usage_in_bytes"), readUint(mem, "memory.soft_limit_in_bytes"), someAvg10
 }

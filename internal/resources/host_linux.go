@@ -14,10 +14,11 @@ import (
 // ones exist so that tests can drive admission and elastic memory with
 // real cgroups on a host whose real RAM and pressure they cannot choose.
 const (
-	EnvReserve  = "MOAT_HOST_RESERVE_MIB"   // host reserve in MiB, instead of max(RAM/4, 3 GiB)
-	EnvTestRAM  = "MOAT_TEST_HOST_RAM_MIB"  // test knob: the host's RAM in MiB, instead of /proc/meminfo
-	EnvTestPSI  = "MOAT_TEST_PSI_FILE"      // test knob: a file read instead of /proc/pressure/memory
-	EnvTestTick = "MOAT_TEST_ELASTIC_EVERY" // test knob: the elastic loop's period, a Go duration
+	EnvReserve   = "MOAT_HOST_RESERVE_MIB"   // host reserve in MiB, instead of max(RAM/4, 3 GiB)
+	EnvTestRAM   = "MOAT_TEST_HOST_RAM_MIB"  // test knob: the host's RAM in MiB, instead of /proc/meminfo
+	EnvTestPSI   = "MOAT_TEST_PSI_FILE"      // test knob: a file read instead of /proc/pressure/memory
+	EnvTestTick  = "MOAT_TEST_ELASTIC_EVERY" // test knob: the elastic loop's period, a Go duration
+	EnvTestGuard = "MOAT_TEST_OOM_GUARD"     // benchmark knob: "off", or the OOM guard's fixed period (a Go duration)
 )
 
 // HostRAM is the host's physical RAM in bytes.

@@ -58,3 +58,10 @@ func GuardWait(usageBytes, ceilingBytes uint64, cpus int) time.Duration {
 	d := time.Duration(float64(ceilingBytes-usageBytes) / float64(rate) * float64(time.Second))
 	return min(max(d, guardMin), guardMax)
 }
+
+// ArmAt is where the guard arms its threshold notifier and stops sampling
+// (where the host can notify: cgroup v1): half the ceiling. Below it an idle
+// sandbox costs the daemon nothing; the kernel signals the crossing at once
+// (it checks thresholds every 512 KiB charged), and from there the guard
+// samples, sooner the nearer the ceiling (GuardWait).
+func ArmAt(ceilingBytes uint64) uint64 { return ceilingBytes / 2 }
