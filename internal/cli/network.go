@@ -41,7 +41,7 @@ with an opinion wins; a block wins a tie.
 	for _, op := range []string{"allow", "block", "remove"} {
 		c.AddCommand(newRuleCmd(op))
 	}
-	c.AddCommand(newNetworkListCmd(), newDenialsCmd(), newAuditCmd(), newSuggestCmd())
+	c.AddCommand(newNetworkListCmd(), newDenialsCmd(), newAuditCmd(), newSuggestCmd(), newWatchCmd())
 	return c
 }
 
