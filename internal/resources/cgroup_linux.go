@@ -416,3 +416,6 @@ func (g *Group) MemSample() (usage, soft uint64, someAvg10 float64) {
 	}
 	return readUint(mem, "memory.usage_in_bytes"), readUint(mem, "memory.soft_limit_in_bytes"), someAvg10
 }
+
+// CPUUsage is the CPU time the group's processes have used, in ns.
+func (g *Group) CPUUsage() (uint64, error) { return g.cg.CPUUsage() }

@@ -57,10 +57,12 @@
 //
 // The soft limit is memory.high on v2 (the kernel throttles and reclaims
 // above it) and memory.soft_limit_in_bytes on v1 (reclaimed first under
-// global pressure). The ceiling is memory.max / memory.limit_in_bytes, where
-// the kernel's OOM killer acts inside the group only: the daemon, which
-// stays outside the group, is untouched. On v2 the baseline is also
-// memory.low, so the kernel protects it from reclaim.
+// global pressure). The hard limit, memory.max / memory.limit_in_bytes, is
+// the ceiling while runsc sizes the guest, then the ceiling plus a headroom
+// in which the daemon's OOM guard kills the guest's largest process
+// (oom.go); only past it does the kernel's OOM killer act, inside the group
+// only, so the daemon, outside it, is untouched either way. On v2 the
+// baseline is also memory.low, so the kernel protects it from reclaim.
 //
 // The decisions (admission, the elastic target) are pure functions in
 // admit.go and elastic.go; the cgroup and /proc I/O is in the _linux.go
