@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 
@@ -75,7 +75,7 @@ POST /v1/holds/{id} on the sandbox's control socket.`,
 				ws.run(ctx)
 				return nil
 			}
-			p := tea.NewProgram(watchtui.New(ws.answer, time.Now), tea.WithAltScreen(), tea.WithContext(ctx))
+			p := tea.NewProgram(watchtui.New(ws.answer, time.Now), tea.WithContext(ctx))
 			ws.send = p.Send
 			go ws.run(ctx)
 			_, err = p.Run()

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 
 	"moat.dev/moat/internal/control"
 )
@@ -126,7 +126,7 @@ func (m Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		default:
 			m.status = fmt.Sprintf("%s %s", msg.answer, dest(msg.hold))
 		}
-	case tea.KeyMsg:
+	case tea.KeyPressMsg:
 		return m.key(msg.String())
 	}
 	return m, nil
@@ -287,8 +287,16 @@ func dest(h control.Hold) string {
 	return fmt.Sprintf("%s:%d", h.Addr, h.Port)
 }
 
-// View draws the screen.
-func (m Model) View() string {
+// View draws the screen, on the alternate screen so the terminal comes
+// back as it was.
+func (m Model) View() tea.View {
+	v := tea.NewView(m.screen())
+	v.AltScreen = true
+	return v
+}
+
+// screen is the text of the view.
+func (m Model) screen() string {
 	if m.quitting {
 		return ""
 	}

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	tea "github.com/charmbracelet/bubbletea"
+	tea "charm.land/bubbletea/v2"
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/control"
@@ -48,7 +48,7 @@ func run(m Model, msgs ...tea.Msg) Model {
 	return m
 }
 
-func key(k string) tea.KeyMsg { return tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(k)} }
+func key(k string) tea.KeyPressMsg { return tea.KeyPressMsg{Code: []rune(k)[0], Text: k} }
 
 func TestHoldsAndAnswers(t *testing.T) {
 	now := t0.Add(5 * time.Second)
@@ -118,7 +118,7 @@ func TestHoldsAndAnswers(t *testing.T) {
 			if strings.Join(a.got, ",") != strings.Join(tt.answers, ",") {
 				t.Errorf("answers %q, want %q", a.got, tt.answers)
 			}
-			screen := m.View()
+			screen := m.View().Content
 			for _, s := range tt.screen {
 				if !strings.Contains(screen, s) {
 					t.Errorf("screen lacks %q:\n%s", s, screen)
