@@ -63,6 +63,11 @@ type Server struct {
 	// GlobalRequest, when set, answers the connection's global requests
 	// (the daemon's "oomkill@moat.dev"); unset, they are refused.
 	GlobalRequest func(name string, payload []byte) (ok bool, reply []byte)
+
+	// AgentSocket, when set, is where the guest's ssh-agent listens
+	// (sshagent.go); sessions get SSH_AUTH_SOCK pointing at it.
+	AgentSocket string
+	agents      agentConns
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a
@@ -85,6 +90,11 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	if s.AgentSocket != "" {
+		if err := s.serveAgentSocket(ctx); err != nil {
+			s.log().Warn("serving the ssh-agent socket", "err", err)
+		}
+	}
 	var conns sync.WaitGroup
 	err = s.accept(ctx, ln, cfg, &conns)
 	stop()
@@ -179,6 +189,8 @@ func (s *Server) serveConn(ctx context.Context, nc net.Conn, cfg *ssh.ServerConf
 	}
 	nc.SetDeadline(time.Time{})
 	log.Debug("connection authenticated", "user", sc.User())
+	s.agents.set(sc)
+	defer s.agents.drop(sc)
 
 	var wg sync.WaitGroup
 	// Global requests (keepalives today, tcpip-forward later) must be

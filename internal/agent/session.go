@@ -304,6 +304,9 @@ func (ss *session) workDir() (string, error) {
 // what the client sent, later entries replacing earlier ones by name.
 func (ss *session) environ() []string {
 	env := append([]string(nil), ss.srv.Env...)
+	if ss.srv.AgentSocket != "" {
+		env = append(env, "SSH_AUTH_SOCK="+ss.srv.AgentSocket)
+	}
 	if ss.pty != nil && ss.pty.term != "" {
 		env = append(env, "TERM="+ss.pty.term)
 	}

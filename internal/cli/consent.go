@@ -68,6 +68,11 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 			out = append(out, fmt.Sprintf("%s: network.mode = \"report\" lets through everything the policy would deny", l.Source))
 		}
 	}
+	for _, src := range cfg.SSHAgent.Sources {
+		if theirs(src) {
+			out = append(out, fmt.Sprintf("%s: ssh_agent lets the sandbox sign with your ssh-agent's keys %s", src, strings.Join(cfg.SSHAgent.Keys, ", ")))
+		}
+	}
 	for _, sh := range cfg.Shares {
 		if !theirs(sh.Source) {
 			continue

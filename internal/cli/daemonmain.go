@@ -126,14 +126,17 @@ func daemonMain(dir string) int {
 		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
 		HostKey:       guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
 	}
+	if len(cfg.SSHAgent.Keys) > 0 {
+		g.SSHAgentSocket = guestspec.SSHAgentSocket
+	}
 	upstream, err := upstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
 	if err != nil {
 		return fail(err)
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
-		IdleTimeout: idleTimeout(cfg.Sandbox),
-		Limits:      limitsPtr(resources.FromConfig(cfg.Sandbox)),
+		IdleTimeout: idleTimeout(cfg.Sandbox), SSHAgentKeys: cfg.SSHAgent.Keys,
+		Limits: limitsPtr(resources.FromConfig(cfg.Sandbox)),
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,
 			// The host's package repositories always (the host's tools are

@@ -88,6 +88,9 @@ func (c *checker) file(raw *rawFile) *File {
 		Ports:   c.forwards("forwards.ports", raw.Forwards.Ports, func(f Forward) uint16 { return f.Host }),
 		Reverse: c.forwards("forwards.reverse", raw.Forwards.Reverse, func(f Forward) uint16 { return f.Guest }),
 	}
+	if keys := c.list("ssh_agent.keys", raw.SSHAgent.Keys); len(keys) > 0 {
+		f.SSHAgent = SSHAgent{Keys: keys, Sources: []string{c.path}}
+	}
 	f.Hooks = Hooks{
 		OnCreate: c.list("hooks.on_create", raw.Hooks.OnCreate),
 		OnUp:     c.list("hooks.on_up", raw.Hooks.OnUp),

@@ -83,6 +83,7 @@ type Config struct {
 	EnvVars  []EnvVar          `json:"env_vars,omitempty"` // Env in file order, lowest scope first
 	Forwards Forwards          `json:"forwards"`
 	Hooks    Hooks             `json:"hooks"`
+	SSHAgent SSHAgent          `json:"ssh_agent,omitzero"`
 	Sources  []string          `json:"sources,omitempty"` // files that contributed, lowest scope first
 
 	// origin records where each scalar in Sandbox was set, so that
@@ -223,6 +224,15 @@ type Forward struct {
 type Forwards struct {
 	Ports   []Forward `json:"ports,omitempty"`
 	Reverse []Forward `json:"reverse,omitempty"`
+}
+
+// SSHAgent is [ssh_agent]: which keys of the host's ssh-agent the guest
+// may list and sign with, by SHA256 fingerprint or by comment. None: the
+// guest gets no agent at all.
+type SSHAgent struct {
+	Keys []string `json:"keys,omitempty"`
+	// Sources are the files that listed keys, for consent.
+	Sources []string `json:"sources,omitempty"`
 }
 
 // Hooks are shell commands run in the guest.

@@ -63,6 +63,10 @@ func Merge(layers ...*File) Config {
 		for _, name := range sortedKeys(f.Secrets) {
 			c.Secrets[name] = f.Secrets[name]
 		}
+		if len(f.SSHAgent.Keys) > 0 {
+			c.SSHAgent.Keys = union(c.SSHAgent.Keys, f.SSHAgent.Keys)
+			c.SSHAgent.Sources = union(c.SSHAgent.Sources, f.SSHAgent.Sources)
+		}
 		for _, e := range f.Env {
 			c.Env[e.Name] = e.Value
 			c.EnvVars = upsert(c.EnvVars, e, func(a, b EnvVar) bool { return a.Name == b.Name })

@@ -30,6 +30,7 @@ type File struct {
 	Env      []EnvVar // in file order
 	Forwards Forwards
 	Hooks    Hooks
+	SSHAgent SSHAgent
 	Policies map[string]Policy // [policies.NAME]
 
 	ix *docIndex // positions of keys, for errors found after merging
@@ -105,6 +106,7 @@ type rawFile struct {
 	Env      map[string]any       `toml:"env"` // strings, or true: the host's value
 	Forwards rawForwards          `toml:"forwards"`
 	Hooks    rawHooks             `toml:"hooks"`
+	SSHAgent rawSSHAgent          `toml:"ssh_agent"`
 	Policies map[string]rawPolicy `toml:"policies"`
 }
 
@@ -153,6 +155,10 @@ type rawForwards struct {
 	Reverse []any `toml:"reverse"`
 }
 
+type rawSSHAgent struct {
+	Keys []string `toml:"keys"`
+}
+
 type rawHooks struct {
 	OnCreate []string `toml:"on_create"`
 	OnUp     []string `toml:"on_up"`
@@ -161,7 +167,7 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies"},
+	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent"},
 	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
@@ -170,6 +176,7 @@ var knownKeys = map[string][]string{
 	"policies.*": {"allow", "block", "source", "refresh"},
 	"forwards":   {"ports", "reverse"},
 	"hooks":      {"on_create", "on_up"},
+	"ssh_agent":  {"keys"},
 }
 
 // want is what a key's value must be, for type errors.
@@ -256,6 +263,9 @@ var wants = map[string]want{
 	"hooks.on_up":          wantList,
 	"hooks.on_create[]":    wantString,
 	"hooks.on_up[]":        wantString,
+	"ssh_agent":            wantTable,
+	"ssh_agent.keys":       wantList,
+	"ssh_agent.keys[]":     wantString,
 }
 
 // decodeError turns the decoder's error into *Errors that name the full

@@ -39,6 +39,7 @@ import (
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/session"
+	"moat.dev/moat/internal/sshagent"
 	"moat.dev/moat/internal/state"
 	"moat.dev/moat/internal/tlsca"
 )
@@ -75,6 +76,9 @@ type Options struct {
 	Files []config.CopyFile
 	// IdleTimeout stops the sandbox after that long idle (idle.go); 0: never.
 	IdleTimeout time.Duration
+	// SSHAgentKeys are the host agent's keys the guest may list and sign
+	// with ([ssh_agent] keys); none: the guest has no agent.
+	SSHAgentKeys []string
 	// Limits are applied through the sandbox's own cgroup (resources.go);
 	// nil runs the sandbox without one.
 	Limits *resources.Limits
@@ -530,8 +534,15 @@ func (d *daemon) newProxy() (*session.Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	return session.NewProxy(session.ProxyConfig{
+	pc := session.ProxyConfig{
 		Dial:   func(ctx context.Context) (net.Conn, error) { return d.stack.DialGuest(ctx, 22) },
 		Client: client, Host: host, Log: d.log,
-	}), nil
+	}
+	if len(d.o.SSHAgentKeys) > 0 {
+		// The host's agent as the daemon was started with it: the CLI's
+		// SSH_AUTH_SOCK, dialled afresh for every channel.
+		sock := os.Getenv("SSH_AUTH_SOCK")
+		pc.Agent = func() session.AgentConn { return &sshagent.Filter{Sock: sock, Allow: d.o.SSHAgentKeys} }
+	}
+	return session.NewProxy(pc), nil
 }

@@ -35,7 +35,8 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 		HostKey: host, AuthorizedKey: auth,
 		UID: spec.UID, GID: spec.GID,
 		Home: spec.Home, Dir: spec.Workspace, Env: spec.Env, Log: log,
-		Children: children,
+		Children:    children,
+		AgentSocket: spec.SSHAgentSocket,
 		// The daemon's OOM guard (oomkill_linux.go), answered in
 		// process: no fork or exec while the guest is at its ceiling.
 		GlobalRequest: func(name string, _ []byte) (bool, []byte) {

@@ -61,7 +61,13 @@ type Spec struct {
 	Nameserver    string   `json:"nameserver"`
 	Env           []string `json:"env"`
 	CAFile        string   `json:"ca_file,omitempty"`
+	// SSHAgentSocket is where the guest's ssh-agent listens, when the
+	// sandbox may use keys of the host's agent ([ssh_agent]).
+	SSHAgentSocket string `json:"ssh_agent_socket,omitempty"`
 }
+
+// SSHAgentSocket is the guest's ssh-agent socket, in a directory of its own.
+const SSHAgentSocket = "/run/moat-ssh-agent/agent.sock"
 
 // Read loads a spec.
 func Read(path string) (*Spec, error) {

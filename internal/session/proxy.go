@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
 )
 
 // Proxy is the daemon's half of every session. It keeps one authenticated
@@ -35,6 +36,7 @@ type Proxy struct {
 	client *ssh.ClientConfig
 	server *ssh.ServerConfig
 	log    *slog.Logger
+	agent  func() AgentConn
 
 	mu    sync.Mutex
 	guest *ssh.Client // guarded by mu; nil until connected, and after it fails
@@ -52,6 +54,17 @@ type ProxyConfig struct {
 	// whether it reaches the agent directly or through the proxy.
 	Host ssh.Signer
 	Log  *slog.Logger
+	// Agent, when set, serves the ssh-agent channels the guest opens
+	// ("auth-agent@openssh.com", from the agent socket in the guest):
+	// each channel gets a fresh agent, closed when the channel ends.
+	// Unset, the guest's agent channels are refused.
+	Agent func() AgentConn
+}
+
+// AgentConn is an ssh-agent for one channel.
+type AgentConn interface {
+	agent.Agent
+	Close() error
 }
 
 // handshakeTimeout bounds an SSH handshake, with the guest or a local
@@ -77,7 +90,7 @@ func NewProxy(c ProxyConfig) *Proxy {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Proxy{dial: c.Dial, client: ClientConfig(c.Client, c.Host.PublicKey()), server: server, log: log}
+	return &Proxy{dial: c.Dial, client: ClientConfig(c.Client, c.Host.PublicKey()), server: server, log: log, agent: c.Agent}
 }
 
 // ClientConfig is how moat's own clients (the CLI, the proxy) talk to an
@@ -128,7 +141,28 @@ func (p *Proxy) handshake(conn net.Conn) (*ssh.Client, error) {
 		return nil, fmt.Errorf("connecting to the guest agent: %w", err)
 	}
 	conn.SetDeadline(time.Time{})
-	return ssh.NewClient(cc, chans, reqs), nil
+	c := ssh.NewClient(cc, chans, reqs)
+	if p.agent != nil {
+		go p.serveAgent(c.HandleChannelOpen("auth-agent@openssh.com"))
+	}
+	return c, nil
+}
+
+// serveAgent answers the guest's agent channels.
+func (p *Proxy) serveAgent(chans <-chan ssh.NewChannel) {
+	for nch := range chans {
+		ch, reqs, err := nch.Accept()
+		if err != nil {
+			continue
+		}
+		go ssh.DiscardRequests(reqs)
+		go func() {
+			a := p.agent()
+			defer a.Close()
+			defer ch.Close()
+			agent.ServeAgent(a, ch)
+		}()
+	}
 }
 
 // forget drops c once its connection ends (the agent restarted, the guest

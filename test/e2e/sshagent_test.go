@@ -1,0 +1,98 @@
+package e2e
+
+// The guest's ssh-agent (issue 7, part 3; ATTACKS 27): a real ssh-agent on the host holds two
+// keys, the configuration allows one; in the guest, ssh-add lists only that one, ssh-keygen
+// signs with it through the agent, and cannot with the other.
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSSHAgentFilter(t *testing.T) {
+	keys := t.TempDir()
+	var fps []string
+	for _, name := range []string{"allowed", "other"} {
+		k := filepath.Join(keys, name)
+		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name+"@host", "-f", k).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen: %v %s", err, out)
+		}
+		out, err := exec.Command("ssh-keygen", "-l", "-E", "sha256", "-f", k+".pub").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		fps = append(fps, strings.Fields(string(out))[1])
+	}
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	agentCmd := exec.Command("ssh-agent", "-D", "-a", sock)
+	if err := agentCmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { agentCmd.Process.Kill(); agentCmd.Wait() })
+	for i := 0; i < 100; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, name := range []string{"allowed", "other"} {
+		add := exec.Command("ssh-add", filepath.Join(keys, name))
+		add.Env = append(os.Environ(), "SSH_AUTH_SOCK="+sock)
+		if out, err := add.CombinedOutput(); err != nil {
+			t.Fatalf("ssh-add: %v %s", err, out)
+		}
+	}
+
+	dir := project(t, "sshagent-e2e")
+	os.Chmod(dir, 0o777)
+	for _, name := range []string{"allowed", "other"} {
+		b, _ := os.ReadFile(filepath.Join(keys, name+".pub"))
+		os.WriteFile(filepath.Join(dir, name+".pub"), b, 0o644)
+	}
+	os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[ssh_agent]\nkeys = [\""+fps[0]+"\"]\n"), 0o644)
+	env := []string{"SSH_AUTH_SOCK=" + sock}
+	script := `echo "SOCK=$SSH_AUTH_SOCK"
+ssh-add -l -E sha256 | sed 's/^/LIST=/'
+echo data > d
+ssh-keygen -Y sign -f allowed.pub -n test d >/dev/null 2>&1 && echo SIGN_ALLOWED=ok || echo SIGN_ALLOWED=failed
+ssh-keygen -Y sign -f other.pub -n test d >/dev/null 2>&1 && echo SIGN_OTHER=ok || echo SIGN_OTHER=failed
+ssh-add -D >/dev/null 2>&1 && echo REMOVE=ok || echo REMOVE=refused
+true`
+	r := moat(t, dir, env, "run", "--", "sh", "-c", script)
+	if r.code != 0 {
+		t.Fatalf("guest: exit %d %s", r.code, r.stderr)
+	}
+	got := map[string][]string{}
+	sc := bufio.NewScanner(strings.NewReader(r.stdout))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), "="); ok {
+			got[k] = append(got[k], v)
+		}
+	}
+	t.Logf("guest:\n%s", r.stdout)
+	if len(got["LIST"]) != 1 || !strings.Contains(got["LIST"][0], fps[0]) || !strings.Contains(got["LIST"][0], "allowed@host") {
+		t.Errorf("ssh-add -l in the guest: %q, want only %s", got["LIST"], fps[0])
+	}
+	if strings.Join(got["SIGN_ALLOWED"], "") != "ok" || strings.Join(got["SIGN_OTHER"], "") != "failed" {
+		t.Errorf("signing: allowed %q, other %q; want ok, failed", got["SIGN_ALLOWED"], got["SIGN_OTHER"])
+	}
+	if strings.Join(got["REMOVE"], "") != "refused" {
+		t.Errorf("ssh-add -D in the guest: %q, want refused", got["REMOVE"])
+	}
+	// The host's agent still holds both keys, and no private key is in the guest's reach.
+	list := exec.Command("ssh-add", "-l")
+	list.Env = append(os.Environ(), "SSH_AUTH_SOCK="+sock)
+	if out, _ := list.Output(); strings.Count(string(out), "\n") != 2 {
+		t.Errorf("the host's agent now lists:\n%s", out)
+	}
+	// A sandbox without [ssh_agent] gets no agent at all.
+	plain := project(t, "noagent-e2e")
+	if r := moat(t, plain, env, "run", "--", "sh", "-c", `echo "[$SSH_AUTH_SOCK]"`); r.stdout != "[]\n" {
+		t.Errorf("a sandbox without [ssh_agent]: SSH_AUTH_SOCK %q", r.stdout)
+	}
+}
