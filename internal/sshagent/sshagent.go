@@ -141,4 +141,5 @@ func (f *Filter) Extension(string, []byte) ([]byte, error) { return nil, agent.E
 
 // Describe is for logs: the allowed entries.
 func (f *Filter) Describe() string { return strings.Join(f.Allow, ", ") }
+
 var _ agent.ExtendedAgent = (*Filter)(nil)
