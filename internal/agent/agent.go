@@ -68,6 +68,10 @@ type Server struct {
 	// (sshagent.go); sessions get SSH_AUTH_SOCK pointing at it.
 	AgentSocket string
 	agents      agentConns
+
+	// SFTPCommand runs the sftp subsystem (moat's own "__sftp"); unset,
+	// the subsystem is refused.
+	SFTPCommand []string
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a
@@ -167,6 +171,8 @@ func (s *Server) channelHandler(typ string) channelHandler {
 	switch typ {
 	case "session":
 		return s.serveSession
+	case "direct-tcpip":
+		return s.serveDirectTCPIP
 	}
 	return nil
 }

@@ -144,9 +144,16 @@ func (ss *session) handle(req *ssh.Request) bool {
 	case "signal":
 		return ss.handleSignal(req.Payload)
 	case "subsystem":
-		// sftp goes here: like exec, it starts one process (or an
-		// in-process server) wired to the channel.
-		return false
+		// sftp (scp, editors' file access): like exec, one process wired
+		// to the channel, run as the session's user, so it can touch
+		// only what the user can.
+		var m struct{ Name string }
+		if ss.proc != nil || ssh.Unmarshal(req.Payload, &m) != nil || m.Name != "sftp" || len(ss.srv.SFTPCommand) == 0 {
+			return false
+		}
+		cmd := QuoteArgs(ss.srv.SFTPCommand)
+		ss.command = &cmd
+		return true
 	}
 	// auth-agent-req@openssh.com, x11-req and keepalives are refused;
 	// OpenSSH clients treat a failure reply as "not available".

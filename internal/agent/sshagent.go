@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"time"
 
 	"golang.org/x/crypto/ssh"
 )
@@ -102,4 +104,49 @@ func (s *Server) forwardAgent(c net.Conn) {
 	}()
 	io.Copy(c, ch)
 	<-done
+}
+
+// serveDirectTCPIP is ssh -L (and editors' port forwarding): a connection
+// from inside the guest to the host and port the client names. The guest
+// dials as it would for itself, through the gate for anything outside.
+func (s *Server) serveDirectTCPIP(ctx context.Context, nch ssh.NewChannel) {
+	var m struct {
+		Host     string
+		Port     uint32
+		OrigHost string
+		OrigPort uint32
+	}
+	if err := ssh.Unmarshal(nch.ExtraData(), &m); err != nil || m.Port == 0 || m.Port > 65535 {
+		nch.Reject(ssh.ConnectionFailed, "bad direct-tcpip request")
+		return
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	c, err := d.DialContext(dctx, "tcp", net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))))
+	cancel()
+	if err != nil {
+		nch.Reject(ssh.ConnectionFailed, err.Error())
+		return
+	}
+	ch, reqs, err := nch.Accept()
+	if err != nil {
+		c.Close()
+		return
+	}
+	go ssh.DiscardRequests(reqs)
+	stop := context.AfterFunc(ctx, func() { c.Close(); ch.Close() })
+	defer stop()
+	done := make(chan struct{})
+	go func() {
+		io.Copy(ch, c)
+		ch.CloseWrite()
+		close(done)
+	}()
+	io.Copy(c, ch)
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	<-done
+	c.Close()
+	ch.Close()
 }

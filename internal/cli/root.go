@@ -7,9 +7,11 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strconv"
 
+	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/guest"
@@ -32,6 +34,22 @@ func Main(args []string) int {
 			}
 			if err := runtime.Shim(args[2]); err != nil {
 				fmt.Fprintln(os.Stderr, "moat shim:", err)
+				return ExitError
+			}
+			return ExitOK
+		case "__sftp":
+			// In the guest, as the session's user: the sftp subsystem
+			// (scp, editors) on stdin and stdout.
+			srv, err := sftp.NewServer(struct {
+				io.Reader
+				io.WriteCloser
+			}{os.Stdin, os.Stdout})
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "moat sftp:", err)
+				return ExitError
+			}
+			if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
+				fmt.Fprintln(os.Stderr, "moat sftp:", err)
 				return ExitError
 			}
 			return ExitOK
@@ -113,6 +131,7 @@ Start here:
 		newNetworkCmd(), newPolicyCmd(),
 	)
 	root.AddCommand(newForwardCmd())
+	root.AddCommand(newSSHConfigCmd(), newSSHProxyCmd())
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",

@@ -37,6 +37,7 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 		Home: spec.Home, Dir: spec.Workspace, Env: spec.Env, Log: log,
 		Children:    children,
 		AgentSocket: spec.SSHAgentSocket,
+		SFTPCommand: []string{guestspec.Binary, "__sftp"},
 		// The daemon's OOM guard (oomkill_linux.go), answered in
 		// process: no fork or exec while the guest is at its ceiling.
 		GlobalRequest: func(name string, _ []byte) (bool, []byte) {
