@@ -288,15 +288,58 @@ func TestServeRequiresKeys(t *testing.T) {
 func TestRejectsOtherChannels(t *testing.T) {
 	ts := startServer(t, nil)
 	c := ts.dial(t)
-	_, _, err := c.OpenChannel("direct-tcpip", ssh.Marshal(struct {
-		Host     string
-		Port     uint32
-		OrigHost string
-		OrigPort uint32
-	}{"127.0.0.1", 22, "127.0.0.1", 1}))
+	_, _, err := c.OpenChannel("x11", nil)
 	var oce *ssh.OpenChannelError
 	if !errors.As(err, &oce) || oce.Reason != ssh.UnknownChannelType {
-		t.Errorf("OpenChannel(direct-tcpip) = %v, want UnknownChannelType", err)
+		t.Errorf("OpenChannel(x11) = %v, want UnknownChannelType", err)
+	}
+}
+
+func TestDirectTCPIP(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		io.Copy(conn, conn) // echo
+		conn.Close()
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	open := func(port int) (ssh.Channel, error) {
+		ch, reqs, err := c.OpenChannel("direct-tcpip", ssh.Marshal(struct {
+			Host     string
+			Port     uint32
+			OrigHost string
+			OrigPort uint32
+		}{"127.0.0.1", uint32(port), "127.0.0.1", 1}))
+		if err == nil {
+			go ssh.DiscardRequests(reqs)
+		}
+		return ch, err
+	}
+	ch, err := open(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.WriteString(ch, "ping")
+	ch.CloseWrite()
+	got, _ := io.ReadAll(ch)
+	if string(got) != "ping" {
+		t.Errorf("through direct-tcpip: %q, want the echo", got)
+	}
+	ln2, _ := net.Listen("tcp", "127.0.0.1:0")
+	closed := ln2.Addr().(*net.TCPAddr).Port
+	ln2.Close()
+	var oce *ssh.OpenChannelError
+	if _, err := open(closed); !errors.As(err, &oce) || oce.Reason != ssh.ConnectionFailed {
+		t.Errorf("to a closed port: %v, want ConnectionFailed", err)
 	}
 }
 
