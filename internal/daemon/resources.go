@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -118,10 +120,19 @@ type oomGuard struct {
 	last  string
 }
 
-// killGap is the least time between two guest OOM kills: gVisor gives a
-// killed process's memory back at once, and the next sample must see that
-// before it judges the guest still over its ceiling.
-const killGap = 100 * time.Millisecond
+// killGap is the least time between two guest OOM kills, and killSettle
+// how long after a kill the guard waits for the killed process's memory
+// to show as given back before it judges the guest still over its
+// ceiling. gVisor gives it back within milliseconds on a quiet host, but
+// on a loaded one the next samples still counted it, and the guard killed
+// an innocent process (CI did). Within killSettle a second kill needs the
+// working set to have dropped by half the victim's size first: the kill
+// took effect, and what is left over the ceiling is someone else's. The
+// headroom above the ceiling covers the wait.
+const (
+	killGap    = 100 * time.Millisecond
+	killSettle = 2 * time.Second
+)
 
 // guardOOM keeps the guest's memory ceiling inside the sandbox (see the
 // resources package's oom.go): it raises the cgroup's hard limit to the
@@ -160,6 +171,7 @@ func (d *daemon) guardOOM(ctx context.Context) {
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var lastKill time.Time
+	var atKill, victim uint64 // the working set the last kill was for, and the victim's size
 	for {
 		select {
 		case <-ctx.Done():
@@ -173,9 +185,11 @@ func (d *daemon) guardOOM(ctx context.Context) {
 			continue
 		}
 		if u >= l.CeilingBytes && time.Since(lastKill) >= killGap {
-			if ws := d.group.WorkingSet(); ws >= l.CeilingBytes {
-				d.oomKill(ctx, ws)
-				lastKill = time.Now()
+			ws := d.group.WorkingSet()
+			settling := !lastKill.IsZero() && time.Since(lastKill) < killSettle && ws+victim/2 > atKill
+			if ws >= l.CeilingBytes && !settling {
+				victim = d.oomKill(ctx, ws)
+				lastKill, atKill = time.Now(), ws
 				u = d.group.Usage()
 			}
 		}
@@ -190,9 +204,9 @@ func (d *daemon) guardOOM(ctx context.Context) {
 // oomKill has the guest kill its largest process (guest.OOMKill, in the
 // agent: a global request on the daemon's connection to it) and records
 // it: the daemon's log, the record, status.
-func (d *daemon) oomKill(ctx context.Context, workingSet uint64) {
+func (d *daemon) oomKill(ctx context.Context, workingSet uint64) (victimRSS uint64) {
 	if d.proxy == nil {
-		return
+		return 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -204,7 +218,12 @@ func (d *daemon) oomKill(ctx context.Context, workingSet uint64) {
 	}
 	if err != nil || !ok {
 		d.log.Warn("the guest reached its memory ceiling and killing its largest process failed", "working_set_mib", workingSet/resources.MiB, "err", err, "reply", what)
-		return
+		return 0
+	}
+	if _, kib, ok := strings.Cut(what, "rss_kib="); ok {
+		if n, err := strconv.ParseUint(strings.Fields(kib)[0], 10, 64); err == nil {
+			victimRSS = n << 10
+		}
 	}
 	note := fmt.Sprintf("%s: killed %s (memory at the ceiling, memory_max %s)",
 		time.Now().Format(time.RFC3339), what, resources.FormatMiB(d.o.Limits.CeilingBytes))
@@ -218,6 +237,7 @@ func (d *daemon) oomKill(ctx context.Context, workingSet uint64) {
 		r.LastOOMKill = note
 		return nil
 	})
+	return victimRSS
 }
 
 // resourceStatus is the status API's resources, nil without a group.

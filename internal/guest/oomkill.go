@@ -16,6 +16,7 @@ type Proc struct {
 	Comm        string
 	RSSKiB      uint64
 	OOMScoreAdj int
+	State       string // the first letter of /proc/PID/status State: R, S, Z...
 }
 
 // PickVictim chooses the process to kill: the largest resident set, never

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -23,6 +24,16 @@ func OOMKill() (string, error) {
 	}
 	if err := unix.Kill(victim.PID, unix.SIGKILL); err != nil {
 		return "", fmt.Errorf("killing pid %d (%s): %w", victim.PID, victim.Comm, err)
+	}
+	// Answer once the victim is dead (gone, or a zombie: its memory is
+	// released at exit, before the reaping), so the daemon's next sample
+	// can see the memory back. Bounded: a process stuck in the kernel
+	// must not stall the guard.
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		p, ok := readProc(victim.PID)
+		if !ok || p.State == "Z" {
+			break
+		}
 	}
 	return fmt.Sprintf("pid=%d comm=%s rss_kib=%d", victim.PID, strconv.Quote(victim.Comm), victim.RSSKiB), nil
 }
@@ -65,6 +76,10 @@ func readProc(pid int) (Proc, bool) {
 			p.Comm = v
 		case "PPid":
 			p.PPID, _ = strconv.Atoi(v)
+		case "State":
+			if v != "" {
+				p.State = v[:1]
+			}
 		case "VmRSS":
 			p.RSSKiB, _ = strconv.ParseUint(strings.TrimSuffix(v, " kB"), 10, 64)
 		}
