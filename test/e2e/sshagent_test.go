@@ -12,7 +12,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/test/inet"
 )
+
+const gitSSHIP = "198.51.100.90"
 
 func TestSSHAgentFilter(t *testing.T) {
 	keys := t.TempDir()
@@ -48,20 +54,36 @@ func TestSSHAgentFilter(t *testing.T) {
 		}
 	}
 
-	dir := project(t, "sshagent-e2e")
+	// A git server on SSH in the test internet, accepting only the allowed key.
+	n := inet.Start(t)
+	n.SetA("git-ssh.test", gitSSHIP)
+	gitRoot := t.TempDir()
+	if out, err := exec.Command("git", "init", "-q", "--bare", filepath.Join(gitRoot, "repo.git")).CombinedOutput(); err != nil {
+		t.Fatalf("git init: %v %s", err, out)
+	}
+	pubBytes, _ := os.ReadFile(filepath.Join(keys, "allowed.pub"))
+	allowedPub, _, _, _, err := ssh.ParseAuthorizedKey(pubBytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.GitSSH(t, gitSSHIP, 22, gitRoot, allowedPub)
+
+	g := newGateEnv(t, n, "sshagent-e2e", "[ssh_agent]\nkeys = [\""+fps[0]+"\"]\n\n[network]\nuse = [\"none\"]\nallow = [\"git-ssh.test:22\"]\n")
+	dir := g.dir
 	os.Chmod(dir, 0o777)
 	for _, name := range []string{"allowed", "other"} {
 		b, _ := os.ReadFile(filepath.Join(keys, name+".pub"))
 		os.WriteFile(filepath.Join(dir, name+".pub"), b, 0o644)
 	}
-	os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[ssh_agent]\nkeys = [\""+fps[0]+"\"]\n"), 0o644)
-	env := []string{"SSH_AUTH_SOCK=" + sock}
+	env := append(g.env, "SSH_AUTH_SOCK="+sock)
 	script := `echo "SOCK=$SSH_AUTH_SOCK"
 ssh-add -l -E sha256 | sed 's/^/LIST=/'
 echo data > d
 ssh-keygen -Y sign -f allowed.pub -n test d >/dev/null 2>&1 && echo SIGN_ALLOWED=ok || echo SIGN_ALLOWED=failed
 ssh-keygen -Y sign -f other.pub -n test d >/dev/null 2>&1 && echo SIGN_OTHER=ok || echo SIGN_OTHER=failed
 ssh-add -D >/dev/null 2>&1 && echo REMOVE=ok || echo REMOVE=refused
+git init -q -b main work && cd work && git -c user.email=a@b -c user.name=agent commit -q --allow-empty -m "pushed over ssh through the gate" &&
+GIT_SSH_COMMAND="ssh -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes" git push -q ssh://git@git-ssh.test/repo.git main 2>&1 && echo PUSH=ok || echo PUSH=failed
 true`
 	r := moat(t, dir, env, "run", "--", "sh", "-c", script)
 	if r.code != 0 {
@@ -80,6 +102,12 @@ true`
 	}
 	if strings.Join(got["SIGN_ALLOWED"], "") != "ok" || strings.Join(got["SIGN_OTHER"], "") != "failed" {
 		t.Errorf("signing: allowed %q, other %q; want ok, failed", got["SIGN_ALLOWED"], got["SIGN_OTHER"])
+	}
+	if strings.Join(got["PUSH"], "") != "ok" {
+		t.Errorf("git push over SSH through the gate: %q", got["PUSH"])
+	}
+	if out, err := exec.Command("git", "--git-dir", filepath.Join(gitRoot, "repo.git"), "log", "-1", "--format=%s", "main").Output(); err != nil || strings.TrimSpace(string(out)) != "pushed over ssh through the gate" {
+		t.Errorf("the server's repository: %v %q", err, out)
 	}
 	if strings.Join(got["REMOVE"], "") != "refused" {
 		t.Errorf("ssh-add -D in the guest: %q, want refused", got["REMOVE"])
