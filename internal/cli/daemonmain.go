@@ -135,7 +135,7 @@ func daemonMain(dir string) int {
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
-		IdleTimeout: idleTimeout(cfg.Sandbox), SSHAgentKeys: cfg.SSHAgent.Keys,
+		IdleTimeout: idleTimeout(cfg.Sandbox), SSHAgentKeys: cfg.SSHAgent.Keys, SSHAgentConfirm: cfg.SSHAgent.Confirm,
 		Limits: limitsPtr(resources.FromConfig(cfg.Sandbox)),
 		Network: daemon.NetworkOptions{
 			Config: cfg.Network, UserConfig: e.dirs.UserConfig(), Upstream: upstream,

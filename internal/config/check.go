@@ -91,6 +91,9 @@ func (c *checker) file(raw *rawFile) *File {
 	if keys := c.list("ssh_agent.keys", raw.SSHAgent.Keys); len(keys) > 0 {
 		f.SSHAgent = SSHAgent{Keys: keys, Sources: []string{c.path}}
 	}
+	if raw.SSHAgent.Confirm != nil && *raw.SSHAgent.Confirm {
+		f.SSHAgent.Confirm = true
+	}
 	f.Hooks = Hooks{
 		OnCreate: c.list("hooks.on_create", raw.Hooks.OnCreate),
 		OnUp:     c.list("hooks.on_up", raw.Hooks.OnUp),

@@ -231,6 +231,8 @@ type Forwards struct {
 // guest gets no agent at all.
 type SSHAgent struct {
 	Keys []string `json:"keys,omitempty"`
+	// Confirm asks the interactive gate's watcher before each signature.
+	Confirm bool `json:"confirm,omitempty"`
 	// Sources are the files that listed keys, for consent.
 	Sources []string `json:"sources,omitempty"`
 }

@@ -63,6 +63,10 @@ func Merge(layers ...*File) Config {
 		for _, name := range sortedKeys(f.Secrets) {
 			c.Secrets[name] = f.Secrets[name]
 		}
+		if f.SSHAgent.Confirm {
+			// Any file asking for confirmation gets it: it only narrows.
+			c.SSHAgent.Confirm = true
+		}
 		if len(f.SSHAgent.Keys) > 0 {
 			c.SSHAgent.Keys = union(c.SSHAgent.Keys, f.SSHAgent.Keys)
 			c.SSHAgent.Sources = union(c.SSHAgent.Sources, f.SSHAgent.Sources)

@@ -156,7 +156,8 @@ type rawForwards struct {
 }
 
 type rawSSHAgent struct {
-	Keys []string `toml:"keys"`
+	Keys    []string `toml:"keys"`
+	Confirm *bool    `toml:"confirm"`
 }
 
 type rawHooks struct {
@@ -176,7 +177,7 @@ var knownKeys = map[string][]string{
 	"policies.*": {"allow", "block", "source", "refresh"},
 	"forwards":   {"ports", "reverse"},
 	"hooks":      {"on_create", "on_up"},
-	"ssh_agent":  {"keys"},
+	"ssh_agent":  {"keys", "confirm"},
 }
 
 // want is what a key's value must be, for type errors.
@@ -266,6 +267,7 @@ var wants = map[string]want{
 	"ssh_agent":            wantTable,
 	"ssh_agent.keys":       wantList,
 	"ssh_agent.keys[]":     wantString,
+	"ssh_agent.confirm":    wantBool,
 }
 
 // decodeError turns the decoder's error into *Errors that name the full

@@ -70,6 +70,10 @@ type Hold struct {
 	// "block" answer blocks (the registrable domain).
 	Suggest string `json:"suggest"`
 	Domain  string `json:"domain,omitempty"`
+	// Kind is empty for a connection; "ssh-sign" for a signature the guest
+	// asks the forwarded ssh-agent for ([ssh_agent] confirm = true), where
+	// Name names the key and only once, run and deny are answers.
+	Kind string `json:"kind,omitempty"`
 }
 
 // Event is one line of the /v1/watch stream.

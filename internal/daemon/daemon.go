@@ -79,6 +79,8 @@ type Options struct {
 	// SSHAgentKeys are the host agent's keys the guest may list and sign
 	// with ([ssh_agent] keys); none: the guest has no agent.
 	SSHAgentKeys []string
+	// SSHAgentConfirm asks the watcher before each signature.
+	SSHAgentConfirm bool
 	// Limits are applied through the sandbox's own cgroup (resources.go);
 	// nil runs the sandbox without one.
 	Limits *resources.Limits
@@ -94,6 +96,7 @@ type daemon struct {
 	creds   *credentials   // the secrets, swapped whole when a preset adds some
 	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
 	sess    idleGate       // attached sessions, and the idle stop's word
+	signs   signGrants     // keys a watcher let sign for this run
 	shimPID atomic.Int64
 	started time.Time
 
@@ -542,7 +545,13 @@ func (d *daemon) newProxy() (*session.Proxy, error) {
 		// The host's agent as the daemon was started with it: the CLI's
 		// SSH_AUTH_SOCK, dialled afresh for every channel.
 		sock := os.Getenv("SSH_AUTH_SOCK")
-		pc.Agent = func() session.AgentConn { return &sshagent.Filter{Sock: sock, Allow: d.o.SSHAgentKeys} }
+		pc.Agent = func() session.AgentConn {
+			f := &sshagent.Filter{Sock: sock, Allow: d.o.SSHAgentKeys}
+			if d.o.SSHAgentConfirm {
+				f.Confirm = d.confirmSign
+			}
+			return f
+		}
 	}
 	return session.NewProxy(pc), nil
 }

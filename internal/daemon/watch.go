@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
 	"golang.org/x/net/publicsuffix"
 
 	"moat.dev/moat/internal/audit"
@@ -106,6 +108,10 @@ func (d *daemon) name() string { return filepath.Base(d.o.Dir) }
 func (d *daemon) holdOf(p gate.Pending) *control.Hold {
 	h := &control.Hold{ID: p.ID, Sandbox: d.name(), Name: p.Q.Name, Addr: p.Q.Addr.String(), Port: p.Q.Port,
 		Proto: "tcp", Process: p.Process, Since: p.Since, Expires: p.Expires, Count: p.Count, Suggest: suggestEntry(p.Q)}
+	if p.Q.Kind != "" {
+		h.Kind, h.Proto, h.Addr, h.Suggest = p.Q.Kind, "ssh-agent", "", ""
+		return h
+	}
 	if p.Q.Name != "" {
 		h.Domain = registrable(p.Q.Name)
 	}
@@ -269,6 +275,16 @@ func (d *daemon) handleAnswer(w http.ResponseWriter, r *http.Request) {
 // down/up), or the hour-long opening.
 func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerResult, error) {
 	var res control.AnswerResult
+	if p.Q.Kind == gate.KindSSHSign {
+		switch a.Answer {
+		case control.AnswerOnce, control.AnswerDeny:
+			return res, nil
+		case control.AnswerRun:
+			d.signs.grant(p.Q.Name)
+			return res, nil
+		}
+		return res, errAnswer{"a signature is answered with once, run or deny"}
+	}
 	entry := suggestEntry(p.Q)
 	switch a.Answer {
 	case control.AnswerOnce, control.AnswerDeny:
@@ -381,4 +397,45 @@ func (d *daemon) annotateHolds() {
 			d.net.holds.Annotate(p.ID, strings.TrimSpace(out.String()))
 		}()
 	})
+}
+
+// signGrants are the keys a watcher allowed to sign for the rest of this
+// run ("run" to an ssh-agent signature question).
+type signGrants struct {
+	mu   sync.Mutex
+	keys map[string]bool
+}
+
+func (g *signGrants) grant(label string) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.keys == nil {
+		g.keys = map[string]bool{}
+	}
+	g.keys[label] = true
+}
+
+func (g *signGrants) granted(label string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.keys[label]
+}
+
+// confirmSign asks the interactive gate's watcher whether the guest may
+// sign with k ([ssh_agent] confirm = true). With no watcher attached, or
+// no answer in time, the signature is refused.
+func (d *daemon) confirmSign(k *agent.Key) bool {
+	label := k.Comment
+	if pub, err := ssh.ParsePublicKey(k.Blob); err == nil {
+		label = strings.TrimSpace(k.Comment + " " + ssh.FingerprintSHA256(pub))
+	}
+	label = "sign with " + label
+	if d.signs.granted(label) {
+		return true
+	}
+	out := d.net.holds.Ask(context.Background(), gate.Question{Kind: gate.KindSSHSign, Name: label})
+	if !out.Allow {
+		d.log.Info("ssh-agent signature refused", "key", label, "by", out.By)
+	}
+	return out.Allow
 }

@@ -40,10 +40,20 @@ type Question struct {
 	// Src is the guest's end of the first connection held, by which the
 	// daemon can ask the guest which process it is.
 	Src netip.AddrPort
+	// Kind is "" for a connection; KindSSHSign for a signature the guest
+	// asks the forwarded ssh-agent for ([ssh_agent] confirm): Name then
+	// names the key.
+	Kind string
 }
+
+// KindSSHSign is the Kind of an ssh-agent signature question.
+const KindSSHSign = "ssh-sign"
 
 // Key is the destination the hold coalesces on.
 func (q Question) Key() string {
+	if q.Kind != "" {
+		return q.Kind + " " + q.Name
+	}
 	if q.Name != "" {
 		return q.Name + ":" + strconv.Itoa(int(q.Port))
 	}
@@ -219,7 +229,8 @@ func (h *Holds) Open() bool {
 // once, refused (By "none"), which is plain default deny.
 func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 	h.mu.Lock()
-	if h.now().Before(h.openTill) {
+	if q.Kind == "" && h.now().Before(h.openTill) {
+		// "Everything for an hour" is about connections, not signatures.
 		h.mu.Unlock()
 		return Outcome{Allow: true, Answer: "hour", By: "rule"}
 	}

@@ -30,6 +30,9 @@ var ErrRefused = errors.New("refused by moat: the sandbox may only list and use 
 type Filter struct {
 	Sock  string   // the host's SSH_AUTH_SOCK
 	Allow []string // "SHA256:..." fingerprints or key comments
+	// Confirm, when set, is asked before each signature with an allowed
+	// key ([ssh_agent] confirm = true); false refuses it.
+	Confirm func(k *agent.Key) bool
 
 	up   agent.ExtendedAgent
 	conn net.Conn
@@ -89,7 +92,7 @@ func (f *Filter) List() ([]*agent.Key, error) {
 	return out, nil
 }
 
-// check finds key among the host agent's allowed keys.
+// check finds key among the host agent's allowed keys, and asks Confirm.
 func (f *Filter) check(key ssh.PublicKey) error {
 	keys, err := f.List()
 	if err != nil {
@@ -98,6 +101,9 @@ func (f *Filter) check(key ssh.PublicKey) error {
 	blob := key.Marshal()
 	for _, k := range keys {
 		if string(k.Blob) == string(blob) {
+			if f.Confirm != nil && !f.Confirm(k) {
+				return fmt.Errorf("%w (the signature with %s was not confirmed)", ErrRefused, ssh.FingerprintSHA256(key))
+			}
 			return nil
 		}
 	}

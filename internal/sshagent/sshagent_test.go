@@ -90,6 +90,27 @@ func TestFilter(t *testing.T) {
 	}
 }
 
+func TestConfirm(t *testing.T) {
+	sock, allowed, _ := hostAgent(t)
+	var asked []string
+	answer := false
+	f := &Filter{Sock: sock, Allow: []string{"deploy@ci"}, Confirm: func(k *agent.Key) bool {
+		asked = append(asked, k.Comment)
+		return answer
+	}}
+	defer f.Close()
+	if _, err := f.Sign(allowed, []byte("x")); !errors.Is(err, ErrRefused) {
+		t.Errorf("unconfirmed signature: %v, want refused", err)
+	}
+	answer = true
+	if _, err := f.Sign(allowed, []byte("x")); err != nil {
+		t.Errorf("confirmed signature: %v", err)
+	}
+	if len(asked) != 2 || asked[0] != "deploy@ci" {
+		t.Errorf("asked %q", asked)
+	}
+}
+
 func TestNoHostAgent(t *testing.T) {
 	f := &Filter{Allow: []string{"x"}}
 	if _, err := f.List(); err == nil {

@@ -281,6 +281,9 @@ func (m Model) send(answer, scope string) (tea.Model, tea.Cmd) {
 }
 
 func dest(h control.Hold) string {
+	if h.Kind != "" {
+		return "ssh-agent: " + h.Name
+	}
 	if h.Name != "" {
 		return fmt.Sprintf("%s:%d", h.Name, h.Port)
 	}

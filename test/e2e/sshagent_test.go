@@ -15,14 +15,17 @@ import (
 
 	"golang.org/x/crypto/ssh"
 
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/test/inet"
 )
 
 const gitSSHIP = "198.51.100.90"
 
-func TestSSHAgentFilter(t *testing.T) {
-	keys := t.TempDir()
-	var fps []string
+// hostAgent starts a real ssh-agent holding two fresh keys, "allowed" and "other", and
+// returns its socket, the keys' directory and their SHA256 fingerprints.
+func hostAgent(t *testing.T) (sock, keys string, fps []string) {
+	t.Helper()
+	keys = t.TempDir()
 	for _, name := range []string{"allowed", "other"} {
 		k := filepath.Join(keys, name)
 		if out, err := exec.Command("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name+"@host", "-f", k).CombinedOutput(); err != nil {
@@ -34,7 +37,7 @@ func TestSSHAgentFilter(t *testing.T) {
 		}
 		fps = append(fps, strings.Fields(string(out))[1])
 	}
-	sock := filepath.Join(t.TempDir(), "agent.sock")
+	sock = filepath.Join(t.TempDir(), "agent.sock")
 	agentCmd := exec.Command("ssh-agent", "-D", "-a", sock)
 	if err := agentCmd.Start(); err != nil {
 		t.Fatal(err)
@@ -54,6 +57,11 @@ func TestSSHAgentFilter(t *testing.T) {
 		}
 	}
 
+	return sock, keys, fps
+}
+
+func TestSSHAgentFilter(t *testing.T) {
+	sock, keys, fps := hostAgent(t)
 	// A git server on SSH in the test internet, accepting only the allowed key.
 	n := inet.Start(t)
 	n.SetA("git-ssh.test", gitSSHIP)
@@ -122,5 +130,35 @@ true`
 	plain := project(t, "noagent-e2e")
 	if r := moat(t, plain, env, "run", "--", "sh", "-c", `echo "[$SSH_AUTH_SOCK]"`); r.stdout != "[]\n" {
 		t.Errorf("a sandbox without [ssh_agent]: SSH_AUTH_SOCK %q", r.stdout)
+	}
+}
+
+// TestSSHAgentConfirm: with confirm = true each signature waits for a watcher's answer; with
+// none attached it is refused.
+func TestSSHAgentConfirm(t *testing.T) {
+	sock, keys, fps := hostAgent(t)
+	n := inet.Start(t)
+	g := newGateEnv(t, n, "sshconfirm-e2e", "[ssh_agent]\nkeys = [\""+fps[0]+"\"]\nconfirm = true\n")
+	os.Chmod(g.dir, 0o777)
+	b, _ := os.ReadFile(filepath.Join(keys, "allowed.pub"))
+	os.WriteFile(filepath.Join(g.dir, "allowed.pub"), b, 0o644)
+	g.env = append(g.env, "SSH_AUTH_SOCK="+sock, "MOAT_HOLD_TIMEOUT=20s")
+	g.up(t)
+	t.Cleanup(func() { moat(t, g.dir, g.env, "destroy", "--yes", g.name) })
+	sign := "echo data > d; ssh-keygen -Y sign -f allowed.pub -n test d >/dev/null 2>&1 && echo SIGNED || echo REFUSED"
+	if out := g.sh(t, sign); strings.TrimSpace(out) != "REFUSED" {
+		t.Fatalf("a signature with no watcher: %q, want refused", out)
+	}
+	w := attachWatcher(t, g)
+	r := startGuest(t, g, sign)
+	ev := w.waitFor(t, "the signature question", func(ev control.Event) bool {
+		return ev.Type == control.EventHold && ev.Hold != nil && ev.Hold.Kind == "ssh-sign"
+	})
+	if !strings.Contains(ev.Hold.Name, fps[0]) {
+		t.Errorf("the question names %q, want the key %s", ev.Hold.Name, fps[0])
+	}
+	answer(t, w, ev.Hold, control.AnswerOnce, "")
+	if out := strings.TrimSpace(r.wait(t)); out != "SIGNED" {
+		t.Fatalf("after once: %q", out)
 	}
 }
