@@ -226,11 +226,7 @@ func newExecCmd() *cobra.Command {
 		Example: "  moat exec api -- git status",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			e, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -496,11 +492,7 @@ func newLogsCmd() *cobra.Command {
 		Short: "Print a sandbox's daemon log",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}

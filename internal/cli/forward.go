@@ -61,11 +61,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 		Example: fmt.Sprintf("  moat forward %s api 8080:80\n  moat forward %s --reverse api 5432", op, op),
 		Args:    cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, rec, err := e.byName(args[0])
+			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -155,11 +151,7 @@ func newForwardListCmd() *cobra.Command {
 		Short: "List a sandbox's port forwards, where they listen and where they came from",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, rec, err := e.byName(args[0])
+			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}

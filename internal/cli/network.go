@@ -67,11 +67,7 @@ change at once.`,
 		Example: fmt.Sprintf("  moat network %s api registry.example.com *.example.org:443\n  moat network %s api 'POST api.example.com/v1/*'", op, op),
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -136,11 +132,7 @@ func newNetworkListCmd() *cobra.Command {
 		Short: "List every network rule of a sandbox with its layer",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, rec, err := e.byName(args[0])
+			e, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -253,11 +245,7 @@ func newAuditCmd() *cobra.Command {
 		Short: "Print the gate's audit log: one line per decision",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}

@@ -148,3 +148,17 @@ func (e *env) reconfigure(dir string, rec *state.Record) error {
 	fmt.Fprintf(os.Stderr, "moat: %s takes its configuration from %s again\n", rec.Name, strings.Join(cfg.Sources, ", "))
 	return nil
 }
+
+// sandboxNamed is the start of every command that acts on the existing
+// sandbox its first argument names.
+func sandboxNamed(name string) (*env, string, *state.Record, error) {
+	e, err := newEnv()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dir, rec, err := e.byName(name)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return e, dir, rec, nil
+}

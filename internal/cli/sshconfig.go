@@ -127,11 +127,7 @@ func newSSHProxyCmd() *cobra.Command {
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			e, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}

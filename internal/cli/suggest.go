@@ -41,11 +41,7 @@ safety (loopback, private ranges, the host's own addresses).
   moat network suggest api   # then paste, and set mode = "enforce"`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, err := newEnv()
-			if err != nil {
-				return err
-			}
-			dir, _, err := e.byName(args[0])
+			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
