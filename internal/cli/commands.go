@@ -20,6 +20,7 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/preset"
+	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/sentinel"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
@@ -334,6 +335,11 @@ func newDestroyCmd() *cobra.Command {
 			}
 			if err := e.stop(dir, state.StopUser); err != nil {
 				return err
+			}
+			// A crashed daemon's cgroup: its reaper may still be removing
+			// it, from the directory about to go, or may have failed.
+			if err := resources.RemoveStaleWait(dir); err != nil {
+				return fmt.Errorf("not destroyed: %w", err)
 			}
 			if err := os.RemoveAll(dir); err != nil {
 				return fmt.Errorf("removing %s: %w", dir, err)

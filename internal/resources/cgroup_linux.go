@@ -203,6 +203,23 @@ func RemoveStale(stateDir string) error {
 	return removeStaleLocked(stateDir)
 }
 
+// RemoveStaleWait is RemoveStale for a sandbox about to be deleted: it
+// waits (bounded) for a killed daemon's reaper to finish rather than leave
+// the group to it, since the state directory the reaper works from is
+// about to go.
+func RemoveStaleWait(stateDir string) error {
+	lock, ok, err := lockGroup(stateDir, lockWait)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return fmt.Errorf("the cgroup lock %s is still held after %s: a moat process of this sandbox is still working; try again",
+			filepath.Join(stateDir, lockFile), lockWait)
+	}
+	defer lock.Close()
+	return removeStaleLocked(stateDir)
+}
+
 // removeStaleLocked is RemoveStale with the group lock held.
 func removeStaleLocked(stateDir string) error {
 	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))

@@ -151,6 +151,9 @@ func Reap(stateDir string, daemonPID int) int {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "time=%s level=INFO msg=%q component=reaper\n", time.Now().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
 	}
+	// The group's record, read now: once the daemon is gone, the state
+	// directory may be going too (a destroy right after a crash).
+	record, recErr := os.ReadFile(filepath.Join(stateDir, GroupFile))
 	dismissed := make(chan bool, 1)
 	go func() {
 		b := make([]byte, 1)
@@ -175,11 +178,10 @@ func Reap(stateDir string, daemonPID int) int {
 		break
 	}
 	signal.Reset()
-	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))
-	if errors.Is(err, os.ErrNotExist) {
+	if errors.Is(recErr, os.ErrNotExist) {
 		return 0
 	}
-	g, err := loadGroup(b)
+	g, err := loadGroup(record)
 	if err != nil {
 		logf("the daemon is gone; cannot read its cgroup record: %v", err)
 		return 1
@@ -200,7 +202,7 @@ func Reap(stateDir string, daemonPID int) int {
 		}
 	}
 	if err := g.cg.Uninstall(); err != nil {
-		logf("the daemon is gone; removing its sandbox's cgroup: %v (moat up removes it later)", err)
+		logf("the daemon is gone; removing its sandbox's cgroup: %v (the next moat up or moat destroy removes it)", err)
 		return 1
 	}
 	os.Remove(filepath.Join(stateDir, GroupFile))

@@ -286,6 +286,31 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 	if out := mustMoat(t, dir, "run", "--", "echo", "back"); strings.TrimSpace(out) != "back" {
 		t.Fatalf("after recovery: %q", out)
 	}
+
+	// A daemon killed together with its reaper leaves its cgroup behind:
+	// destroy removes it with the rest. (The reaper is stopped first, so
+	// that it cannot act between the two kills.)
+	b, err = os.ReadFile(filepath.Join(moatHome, "state/sandboxes/crashy/daemon.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	out, err := exec.Command("pgrep", "-f", "__reaper "+filepath.Join(moatHome, "state/sandboxes/crashy")+" ").Output()
+	reaper, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil || reaper <= 0 {
+		t.Fatalf("finding the daemon's reaper: %v %q", err, out)
+	}
+	syscall.Kill(reaper, syscall.SIGSTOP)
+	syscall.Kill(pid, syscall.SIGKILL)
+	syscall.Kill(reaper, syscall.SIGKILL)
+	for i := 0; i < 100 && (syscall.Kill(pid, 0) == nil || syscall.Kill(reaper, 0) == nil); i++ {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if len(ourCgroups()) == 0 {
+		t.Fatal("the cgroup is gone without its reaper: the destroy below would prove nothing")
+	}
+	mustMoat(t, dir, "destroy", "--yes")
+	assertNothingLeft(t)
 }
 
 func TestTwoSandboxesIsolated(t *testing.T) {
