@@ -129,6 +129,7 @@ func Run(o Options) error {
 }
 
 func (d *daemon) run() error {
+	t0 := time.Now()
 	release, ok, err := state.TryLock(state.DaemonLock(d.o.Dir))
 	if err != nil {
 		return err
@@ -164,24 +165,51 @@ func (d *daemon) run() error {
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 
-	// The gate first: a policy that does not compile stops the start
-	// before any guest exists.
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	// Each boot phase's share of boot_ms, for the log line below.
+	phases := []any{"setup_ms", d.started.Sub(t0).Milliseconds()}
+	mark := func(name string) func() {
+		t := time.Now()
+		return func() { phases = append(phases, name, time.Since(t).Milliseconds()) }
+	}
+	// The shim mounts the root filesystem and creates tap0 while the gate
+	// starts; it starts the guest only on the daemon's word, once the gate
+	// runs: a policy that does not compile stops the start before any
+	// guest exists.
+	exited := make(chan error, 1)
+	shim, err := d.startShim(exited)
+	if err != nil {
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	defer shim.Close()
+	// stopShim ends a start that failed after the shim began.
+	stopShim := func(err error) error {
+		shim.Close() // the shim gives up on its own when it waits for the word
+		d.kill()
+		<-exited
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	done := mark("network_ms")
 	nw, err := d.startNetwork(ctx)
 	if err != nil {
-		d.setStopped(state.StopError, err)
-		return err
+		return stopShim(err)
 	}
+	done()
 	d.net = nw
 	defer nw.close()
-
-	exited := make(chan error, 1)
-	tapFD, err := d.startShim(exited)
+	done = mark("shim_ms")
+	tapFD, err := shim.tap()
 	if err != nil {
-		d.setStopped(state.StopError, err)
-		return err
+		return stopShim(err)
 	}
+	if err := shim.startGuest(); err != nil {
+		unix.Close(tapFD)
+		return stopShim(err)
+	}
+	done()
 	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx})
 	if err != nil {
 		d.kill()
@@ -209,6 +237,7 @@ func (d *daemon) run() error {
 	defer ln.Close()
 	defer srv.Close()
 
+	done = mark("agent_ms")
 	if err := d.waitAgent(exited); err != nil {
 		d.kill()
 		if !errors.Is(err, errGuestExited) { // else waitAgent took the exit already
@@ -218,14 +247,17 @@ func (d *daemon) run() error {
 		d.setStopped(state.StopError, err)
 		return err
 	}
+	done()
 	// The guest is up and runsc has sized it: the OOM guard may raise
 	// the cgroup's hard limit above the ceiling (resources.go).
 	go d.guardOOM(ctx)
+	done = mark("hooks_ms")
 	if err := d.hooks(ctx, exited, sigs); err != nil {
 		return err
 	}
+	done()
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
-	d.log.Info("sandbox running", "boot_ms", time.Since(d.started).Milliseconds())
+	d.log.Info("sandbox running", append([]any{"boot_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	close(d.booted)
 	go d.watchIdle(ctx)
 	go d.elastic(ctx)
@@ -288,21 +320,23 @@ func (d *daemon) prepare() error {
 }
 
 // startShim starts the shim in new mount and network namespaces with a
-// parent-death signal and returns the TAP fd it sends back. The shim execs
-// runsc, so exited reports runsc's exit.
-func (d *daemon) startShim(exited chan<- error) (int, error) {
+// parent-death signal. The shim execs runsc, so exited reports runsc's
+// exit. The shim mounts the root filesystem and creates tap0 while the
+// daemon starts the gate; it sends tap0's fd (shimConn.tap) and starts the
+// guest only on the daemon's word (shimConn.startGuest).
+func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
-		return -1, fmt.Errorf("creating shim socket: %w", err)
+		return nil, fmt.Errorf("creating shim socket: %w", err)
 	}
 	ours := os.NewFile(uintptr(pair[0]), "shim-ours")
 	theirs := os.NewFile(uintptr(pair[1]), "shim-theirs")
-	defer ours.Close()
 
 	logf, err := os.OpenFile(filepath.Join(d.o.Dir, "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
+		ours.Close()
 		theirs.Close()
-		return -1, err
+		return nil, err
 	}
 	started := make(chan error, 1)
 	go func() {
@@ -324,21 +358,35 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 		}
 		err := cmd.Start()
 		theirs.Close()
+		if err == nil {
+			d.shimPID.Store(int64(cmd.Process.Pid))
+		}
 		started <- err
 		if err != nil {
 			return
 		}
-		d.shimPID.Store(int64(cmd.Process.Pid))
 		exited <- cmd.Wait()
 		logf.Close()
 	}()
 	if err := <-started; err != nil {
-		return -1, fmt.Errorf("starting shim: %w", err)
+		ours.Close()
+		return nil, fmt.Errorf("starting shim: %w", err)
 	}
+	return &shimConn{f: ours, log: filepath.Join(d.o.Dir, "runsc.log")}, nil
+}
+
+// shimConn is the daemon's end of the socket pair to its shim.
+type shimConn struct {
+	f   *os.File
+	log string
+}
+
+// tap receives tap0's fd from the shim.
+func (s *shimConn) tap() (int, error) {
 	buf := make([]byte, 16)
 	oob := make([]byte, unix.CmsgSpace(4))
-	ours.SetReadDeadline(time.Now().Add(30 * time.Second))
-	rc, err := ours.SyscallConn()
+	s.f.SetReadDeadline(time.Now().Add(30 * time.Second))
+	rc, err := s.f.SyscallConn()
 	if err != nil {
 		return -1, err
 	}
@@ -349,7 +397,7 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 		return rerr != unix.EAGAIN
 	})
 	if rerr != nil || n == 0 {
-		return -1, fmt.Errorf("shim did not send the tap device (%v); see %s", rerr, filepath.Join(d.o.Dir, "runsc.log"))
+		return -1, fmt.Errorf("shim did not send the tap device (%v); see %s", rerr, s.log)
 	}
 	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
 	if err != nil || len(msgs) != 1 {
@@ -361,6 +409,16 @@ func (d *daemon) startShim(exited chan<- error) (int, error) {
 	}
 	return fds[0], nil
 }
+
+// startGuest tells the shim to start runsc.
+func (s *shimConn) startGuest() error {
+	if _, err := s.f.Write([]byte{runtime.ShimGo}); err != nil {
+		return fmt.Errorf("telling the shim to start the guest: %w; see %s", err, s.log)
+	}
+	return nil
+}
+
+func (s *shimConn) Close() error { return s.f.Close() }
 
 // errGuestExited is waitAgent's error when the guest exits during boot; it
 // has then received the exit from the shim's channel.

@@ -21,8 +21,12 @@ import (
 	"moat.dev/moat/internal/resources"
 )
 
-// ShimFD is the fd on which the shim sends the TAP fd to the daemon.
+// ShimFD is the fd on which the shim sends the TAP fd to the daemon and
+// then waits for ShimGo.
 const ShimFD = 3
+
+// ShimGo is the daemon's word to start the guest, once its gate runs.
+const ShimGo = 'g'
 
 // Shim runs in the fresh namespaces: it mounts the root filesystem,
 // creates tap0, hands its fd to the daemon over ShimFD and runs the
@@ -56,7 +60,6 @@ func Shim(planPath string) error {
 		return fmt.Errorf("sending tap fd to the daemon: %w", err)
 	}
 	unix.Close(tapFD)
-	unix.CloseOnExec(ShimFD)
 
 	spec := p.ociSpec(rootPath, mounts)
 	bundle := BundleDir(p.StateDir)
@@ -66,6 +69,13 @@ func Shim(planPath string) error {
 	if err := writeSpec(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
 	}
+	// No guest before the daemon's gate runs: its word, or nothing when
+	// it gave up (and its parent-death signal then ends this shim).
+	word := make([]byte, 1)
+	if n, err := unix.Read(ShimFD, word); n != 1 || word[0] != ShimGo {
+		return fmt.Errorf("the daemon did not start the guest (%v)", err)
+	}
+	unix.Close(ShimFD)
 	return superviseRunsc(p, bundle)
 }
 
