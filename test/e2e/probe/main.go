@@ -71,7 +71,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: probe tcp|udp|dns|dnsflood|ping|raw|packet|tls|unix|proxy|servedns|listen [flags] args\n"+
+	fmt.Fprintln(os.Stderr, "usage: probe tcp|udp|dns|dnsflood|ping|raw|packet|tls|unix|proxy|servedns|listen|flood [flags] args\n"+
 		"       probe batch [-parallel] < one JSON array of arguments per line")
 	os.Exit(2)
 }
@@ -156,6 +156,8 @@ func runOp(argv []string) (r result, ok bool) {
 		run = serveDNSOp(fs, timeout)
 	case "listen":
 		run = listenOp(fs, timeout)
+	case "flood":
+		run = floodOp(fs, timeout)
 	default:
 		r.Err = "unknown operation"
 		return r, false
