@@ -91,7 +91,7 @@ func daemonMain(dir string) int {
 		Workspace: rec.Workspace, Debug: os.Getenv("MOAT_DEBUG_RUNSC") != "",
 	}
 	// The workspace is a share like the others, read-write.
-	ws := config.Share{Path: rec.Workspace, Source: "the workspace"}
+	ws := config.Share{Path: rec.Workspace, Source: workspaceSource}
 	if err := checkShares(append([]config.Share{ws}, cfg.Shares...), e.dirs.State); err != nil {
 		return fail(err)
 	}

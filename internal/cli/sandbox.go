@@ -168,6 +168,11 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	if err != nil {
 		return "", nil, withCode(ExitUsage, err)
 	}
+	// Checked again at each start (daemonmain.go); here so that a refused
+	// workspace leaves no sandbox behind.
+	if err := checkShares([]config.Share{{Path: ws, Source: workspaceSource}}, e.dirs.State); err != nil {
+		return "", nil, withCode(ExitUsage, err)
+	}
 	if err := e.consent(cfg); err != nil {
 		return "", nil, err
 	}

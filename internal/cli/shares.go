@@ -25,7 +25,13 @@ func checkShares(shares []config.Share, protected string) error {
 	}
 	for _, s := range shares {
 		where := s.Path
-		if s.Source != "" {
+		inside, contains := "share something else", "share a directory below it instead"
+		switch s.Source {
+		case "":
+		case workspaceSource:
+			where = "the workspace " + s.Path
+			inside, contains = "run moat from a project directory outside it", "run moat from the project's own directory, below it"
+		default:
 			where = fmt.Sprintf("%s (share from %s)", s.Path, s.Source)
 		}
 		real, err := filepath.EvalSymlinks(s.Path)
@@ -36,10 +42,10 @@ func checkShares(shares []config.Share, protected string) error {
 			return fmt.Errorf("resolving %s: %w", where, err)
 		}
 		if within(real, prot) {
-			return fmt.Errorf("%s resolves to %s, inside moat's state (%s), which holds the sandboxes' keys; share something else", where, real, prot)
+			return fmt.Errorf("%s resolves to %s, inside moat's state (%s), which holds the sandboxes' keys; %s", where, real, prot, inside)
 		}
 		if within(prot, real) {
-			return fmt.Errorf("%s resolves to %s, which contains moat's state (%s) with the sandboxes' keys; share a directory below it instead", where, real, prot)
+			return fmt.Errorf("%s resolves to %s, which contains moat's state (%s) with the sandboxes' keys; %s", where, real, prot, contains)
 		}
 		st, err := os.Stat(real)
 		if err != nil {
@@ -51,6 +57,9 @@ func checkShares(shares []config.Share, protected string) error {
 	}
 	return nil
 }
+
+// workspaceSource marks the workspace among the shares checkShares judges.
+const workspaceSource = "the workspace"
 
 // within reports whether p is dir or inside it.
 func within(p, dir string) bool {
