@@ -61,11 +61,19 @@ func Init() int {
 	defer stopAgent()
 	var serving sync.WaitGroup
 	serving.Go(func() { serveAgent(ctx, srv, spec.Listen, agentLog) })
-	if err := prepare(spec); err != nil {
+	// The trust stores and the guest's identity files are independent:
+	// written at once, the guest kernel's file work on them overlaps
+	// (about half the time, which every cold start waits for).
+	var caFile string
+	var stores trust
+	var trusting sync.WaitGroup
+	trusting.Go(func() { caFile, stores = trustCA(spec, log) })
+	err = prepare(spec)
+	trusting.Wait()
+	if err != nil {
 		log.Error("preparing guest", "err", err)
 		return 1
 	}
-	caFile, stores := trustCA(spec, log)
 	srv.Env = sessionEnv(spec.Env, caFile, stores) // read by sessions only, after ready
 	close(ready)
 
@@ -105,13 +113,19 @@ func shutdown(log *slog.Logger) {
 
 // prepare writes the guest's identity files. It runs on every start; each
 // step replaces what an earlier start wrote rather than appending again.
+// The user's files and the rest are written at once.
 func prepare(s *guestspec.Spec) error {
-	for _, d := range []string{"/tmp", "/var/tmp"} {
-		// os.FileMode keeps the sticky bit in ModeSticky, not in 0o1000:
-		// a bare 0o1777 would leave /tmp world-writable without it.
-		os.MkdirAll(d, os.ModeSticky|0o777)
-		os.Chmod(d, os.ModeSticky|0o777)
-	}
+	var user error
+	var wg sync.WaitGroup
+	wg.Go(func() { user = prepareUser(s) })
+	err := prepareSystem(s)
+	wg.Wait()
+	return errors.Join(user, err)
+}
+
+// prepareUser writes the agent user into passwd, group and shadow, and
+// makes its home.
+func prepareUser(s *guestspec.Spec) error {
 	if err := writeUser(s); err != nil {
 		return fmt.Errorf("creating user %s: %w", s.User, err)
 	}
@@ -119,6 +133,18 @@ func prepare(s *guestspec.Spec) error {
 		return fmt.Errorf("creating home: %w", err)
 	}
 	os.Chown(s.Home, s.UID, s.GID)
+	return nil
+}
+
+// prepareSystem writes the rest: temporary directories, sudoers, the
+// resolver, hosts, hostname and the TCP windows.
+func prepareSystem(s *guestspec.Spec) error {
+	for _, d := range []string{"/tmp", "/var/tmp"} {
+		// os.FileMode keeps the sticky bit in ModeSticky, not in 0o1000:
+		// a bare 0o1777 would leave /tmp world-writable without it.
+		os.MkdirAll(d, os.ModeSticky|0o777)
+		os.Chmod(d, os.ModeSticky|0o777)
+	}
 	if _, err := os.Stat("/etc/sudoers.d"); err == nil || sudoPresent() {
 		os.MkdirAll("/etc/sudoers.d", 0o750)
 		line := s.User + " ALL=(ALL:ALL) NOPASSWD: ALL\nDefaults:" + s.User + " !requiretty\n"
