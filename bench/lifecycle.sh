@@ -12,6 +12,11 @@ export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
 proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
 trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare"' EXIT
 
+# Other sandboxes share runsc's and moat's text with this one's processes,
+# which lowers the PSS measured below: say so with the figures.
+others=$(pgrep -c -f '^runsc-sandbox' || true)
+[ "${others:-0}" -gt 0 ] && echo "warning: $others other gVisor sandbox(es) running: the PSS below is lowered by the text they share"
+
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 
