@@ -58,15 +58,20 @@ type result struct {
 	code           int
 }
 
+// trusting adds --trust-project to run and up: the tests' project files are the tests' own,
+// so they accept what they ask for, as a user would at the prompt (TestProjectConsent checks
+// the asking itself).
+func trusting(args []string) []string {
+	if len(args) > 0 && (args[0] == "run" || args[0] == "up") {
+		return append([]string{args[0], "--trust-project"}, args[1:]...)
+	}
+	return args
+}
+
 // moat runs the binary in dir with a bounded time.
 func moat(t *testing.T, dir string, env []string, args ...string) result {
 	t.Helper()
-	// The tests' project files are the tests' own: accept what they ask for, as a user
-	// would at the prompt (TestProjectConsent checks the asking itself).
-	if len(args) > 0 && (args[0] == "run" || args[0] == "up") {
-		args = append([]string{args[0], "--trust-project"}, args[1:]...)
-	}
-	cmd := exec.Command(moatBin, args...)
+	cmd := exec.Command(moatBin, trusting(args)...)
 	cmd.Dir = dir
 	cmd.Env = moatEnv(env)
 	var so, se bytes.Buffer

@@ -19,11 +19,11 @@ import (
 
 // floodKind is what one kind of connection saw.
 type floodKind struct {
-	Opened   int      `json:"opened"`
-	DialErrs int      `json:"dial_errs"`
-	Closed   int      `json:"closed"`            // ended by the peer (EOF, reset) before -hold
-	CloseP50 int      `json:"close_p50_ms"`      // of the closed ones, ms after their dial
-	CloseMax int      `json:"close_max_ms"`
+	Opened   int `json:"opened"`
+	DialErrs int `json:"dial_errs"`
+	Closed   int `json:"closed"`       // ended by the peer (EOF, reset) before -hold
+	CloseP50 int `json:"close_p50_ms"` // of the closed ones, ms after their dial
+	CloseMax int `json:"close_max_ms"`
 	closeMS  []int
 	Replies  []string `json:"replies,omitempty"` // first line the peer sent, if any (big heads)
 	Sent     int64    `json:"sent"`              // bytes written in all
