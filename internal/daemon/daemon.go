@@ -332,7 +332,9 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 	ours := os.NewFile(uintptr(pair[0]), "shim-ours")
 	theirs := os.NewFile(uintptr(pair[1]), "shim-theirs")
 
-	logf, err := os.OpenFile(filepath.Join(d.o.Dir, "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	// O_APPEND: the shim, runsc and the guest's console each write through
+	// their own view of this file; appending, none overwrites another.
+	logf, err := os.OpenFile(filepath.Join(d.o.Dir, "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC|os.O_APPEND, 0o600)
 	if err != nil {
 		ours.Close()
 		theirs.Close()
