@@ -101,25 +101,32 @@ func debianMirror(t *testing.T, script string) string {
 		t.Skipf("skipped: the host's apt configuration names no Debian bookworm main mirror (%v); "+
 			"this test runs on a Debian 12 host whose /etc/apt sources have one and can reach it", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
 	url := mirror + "/dists/bookworm/Release"
-	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
-	if err != nil {
-		t.Fatalf("mirror URL %q from the host's apt sources: %v", mirror, err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err == nil {
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			err = errors.New(resp.Status)
-		}
-	}
-	if err != nil {
+	if err := answers(url); err != nil {
 		t.Skipf("skipped: the host cannot reach its apt mirror (HEAD %s: %v); "+
 			"this test runs where the host's configured Debian mirror answers", url, err)
 	}
 	return mirror
+}
+
+// answers is nil when a HEAD of url from the host gets 200 within 5 s: the opt-in tests that
+// reach a real outside service run only where it answers.
+func answers(url string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return errors.New(resp.Status)
+	}
+	return nil
 }
 
 // buildDebianImage runs the script, which returns at once when its cached image is current.
