@@ -10,7 +10,10 @@ N=${N:-10}
 MOAT=$PWD/bin/moat RUNSC=$PWD/bin/runsc
 export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
 proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
-trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare"' EXIT
+# runsc pins an empty network namespace for its gofers with a bind mount in
+# its root directory (null-netns); the bare runs' root is on the host.
+unpin() { while umount -l "$bare/state/null-netns" 2>/dev/null; do :; done; }
+trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; unpin; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare"' EXIT
 
 # Other sandboxes share runsc's and moat's text with this one's processes,
 # which lowers the PSS measured below: say so with the figures.
