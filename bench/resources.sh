@@ -90,8 +90,8 @@ for r in $(seq "$R"); do
 	whole+=("$(awk -v a="$(tree_ticks cdefault)" -v b="$w0" -v tck="$tck" -v t="$T" 'BEGIN{printf "%.1f", (a-b)/tck*3600/t}')")
 done
 # per hour at the defaults: elastic every 5 s (720), idle every minute (60),
-# the guard once a minute when idle on v1 (its threshold wait's timeout; on
-# v2, where it cannot wait on a threshold, once a second: 3600).
+# the guard once a minute when idle (its notifier wait's timeout: v1's
+# threshold, v2's memory.events; without a notifier, once a second: 3600).
 samples=$(awk -v t="$T" 'BEGIN{print t/0.020}')
 per() { # name, samples per hour at the defaults -> CPU ms per sample, CPU s per hour
 	local v=() r
@@ -117,7 +117,7 @@ printf '  cgroup hard limit per sandbox   %4d MiB        (ceiling + %d MiB OOM-g
 printf 'cost per idle sandbox, daemon CPU (T=%ss x R=%s, medians; baseline: all three loops off)\n' "$T" "$R"
 printf '  elastic loop    %8.4f ms/sample x  720/h = %6.3f CPU-s/h\n' "$e_ms" "$e_h"
 printf '  idle watchdog   %8.4f ms/sample x   60/h = %6.3f CPU-s/h\n' "$i_ms" "$i_h"
-printf '  OOM guard       %8.4f ms/sample x   60/h = %6.3f CPU-s/h (v1: asleep on the threshold below half the ceiling; on v2, 1/s: %s)\n' "$g_ms" "$g_h" "$g2_h"
+printf '  OOM guard       %8.4f ms/sample x   60/h = %6.3f CPU-s/h (asleep on the kernel notifier below half the ceiling; sampling 1/s instead: %s)\n' "$g_ms" "$g_h" "$g2_h"
 printf '  sum             %s CPU-s/h (target < 1)\n' "$(awk -v a="$e_h" -v b="$i_h" -v c="$g_h" 'BEGIN{printf "%.3f", a+b+c}')"
 printf '  direct: defaults minus baseline %s CPU-s/h (rounds: %s; 10 ms ticks); the baseline daemon itself %s CPU-s/h\n' \
 	"$(printf '%s\n' "${direct[@]}" | median)" "${direct[*]}" "$(printf '%s\n' "${base[@]}" | median)"

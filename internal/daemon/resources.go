@@ -158,20 +158,24 @@ func (d *daemon) guardOOM(ctx context.Context) {
 		return
 	}
 	fixed, _ := time.ParseDuration(knob)
-	// Below half the ceiling the guard sleeps on the kernel's threshold
-	// notification (v1), waking at most once a minute otherwise; where
-	// there is none (v2) it samples at GuardWait's pace throughout.
+	// Below half the ceiling the guard sleeps on the kernel's notifier
+	// (v1: the threshold at half the ceiling; v2: memory.events, which
+	// moves when usage passes the soft limit or the hard limit), waking
+	// at least once a minute; without one it samples at GuardWait's pace
+	// throughout.
 	arm := resources.ArmAt(l.CeilingBytes)
 	n, err := d.group.NotifyAt(arm)
 	if err == nil {
 		defer n.Close()
 	} else {
+		d.log.Warn("no memory notifier; the OOM guard samples instead", "err", err)
 		n = nil
 	}
 	t := time.NewTimer(0)
 	defer t.Stop()
 	var lastKill time.Time
 	var atKill, victim uint64 // the working set the last kill was for, and the victim's size
+	fired := false            // the notifier's last wait ended by its firing
 	for {
 		select {
 		case <-ctx.Done():
@@ -180,7 +184,19 @@ func (d *daemon) guardOOM(ctx context.Context) {
 		}
 		u := d.group.Usage()
 		if n != nil && fixed == 0 && u < arm {
-			n.Wait(time.Minute)
+			if fired {
+				// It fired and usage is still below: before the next
+				// wait, GuardWait's time (what the guest needs to reach
+				// the ceiling from here), so that a notifier that keeps
+				// firing (v2's memory.events while host pressure holds
+				// the soft limit down) costs no more than sampling.
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(resources.GuardWait(u, l.CeilingBytes, l.CPUs)):
+				}
+			}
+			fired = n.Wait(time.Minute)
 			t.Reset(0)
 			continue
 		}

@@ -367,20 +367,24 @@ func (g *Group) WorkingSet() uint64 {
 	return u - file
 }
 
-// Notifier wakes the OOM guard when the group's usage crosses a threshold,
-// so that an idle sandbox costs the daemon no samples at all: cgroup v1's
-// memory threshold (an eventfd registered in cgroup.event_control, which
-// the kernel signals when usage crosses it either way). v2 has no such
-// file; NotifyAt returns an error there and the guard polls.
+// Notifier wakes the OOM guard, so that an idle sandbox costs the daemon
+// (almost) no samples. On cgroup v1 it is a memory threshold: an eventfd
+// registered in cgroup.event_control, which the kernel signals when usage
+// crosses it either way. v2 has no usage thresholds; there the notifier
+// watches memory.events (inotify), which the kernel rewrites, and reports
+// as a file modification, when a counter there moves: "high" when usage
+// passes memory.high, which is the soft limit (at the ceiling unless host
+// pressure lowered it), "max" and "oom" at the hard limit.
 type Notifier struct {
 	ev    *os.File
-	usage *os.File
+	usage *os.File // v1: the usage file the threshold is on
 }
 
-// NotifyAt arms a notifier at threshold bytes.
+// NotifyAt arms a notifier at threshold bytes on v1; on v2 the notifier
+// wakes on memory.events instead, whatever the threshold.
 func (g *Group) NotifyAt(threshold uint64) (*Notifier, error) {
 	if g.v2 {
-		return nil, errors.New("cgroup v2 has no memory thresholds")
+		return watchModified(filepath.Join(g.cg.MakePath("memory"), "memory.events"))
 	}
 	mem := g.cg.MakePath("memory")
 	usage, err := os.Open(filepath.Join(mem, "memory.usage_in_bytes"))
@@ -404,18 +408,37 @@ func (g *Group) NotifyAt(threshold uint64) (*Notifier, error) {
 	return &Notifier{ev: ev, usage: usage}, nil
 }
 
-// Wait blocks until the threshold is crossed (true) or timeout passes.
+// watchModified is a notifier that wakes when path is modified (inotify
+// IN_MODIFY; cgroup v2 raises it on its event files).
+func watchModified(path string) (*Notifier, error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, fmt.Errorf("watching %s: %w", path, err)
+	}
+	if _, err := unix.InotifyAddWatch(fd, path, unix.IN_MODIFY); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("watching %s: %w", path, err)
+	}
+	return &Notifier{ev: os.NewFile(uintptr(fd), "memory-events")}, nil
+}
+
+// Wait blocks until the notifier fires (true) or timeout passes.
 func (n *Notifier) Wait(timeout time.Duration) bool {
 	n.ev.SetReadDeadline(time.Now().Add(timeout))
-	var b [8]byte
+	// An eventfd reads 8 bytes, inotify one or more events of 16 (a file's
+	// watch carries no name): one read takes what is pending.
+	var b [4096]byte
 	_, err := n.ev.Read(b[:])
 	return err == nil
 }
 
-// Close disarms the notifier (the kernel drops the event with its eventfd).
+// Close disarms the notifier (the kernel drops the event or the watch
+// with its fd).
 func (n *Notifier) Close() {
 	n.ev.Close()
-	n.usage.Close()
+	if n.usage != nil {
+		n.usage.Close()
+	}
 }
 
 // MemSample is the part of Stats the elastic loop needs, at a few file

@@ -18,9 +18,12 @@ import "time"
 //     sandbox's CPU quota (a `sudo moat` session for it took a second).
 //     gVisor gives freed guest memory back to the host at once, so the
 //     working set falls and the sandbox keeps running.
-//   - Below half the ceiling the guard sleeps on a v1 memory threshold
-//     (ArmAt, Notifier): an idle sandbox costs the daemon nothing. Above
-//     it, and throughout on v2, it samples at GuardWait's pace.
+//   - Below half the ceiling the guard sleeps on the kernel's notifier
+//     (ArmAt, Notifier): a v1 memory threshold there, or on v2 a watch on
+//     memory.events, which moves when usage passes memory.high (the soft
+//     limit, at the ceiling without host pressure): an idle sandbox costs
+//     the daemon a sample a minute. Above it the guard samples at
+//     GuardWait's pace.
 //   - The headroom is what the guest may allocate while the guard notices
 //     and the kill runs; on v2 the soft limit (memory.high, at most the
 //     ceiling) also throttles a runaway allocation above it, which buys
