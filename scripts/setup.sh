@@ -28,5 +28,7 @@ version=$(git describe --always --dirty 2>/dev/null || echo dev)
 go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version" -o bin/moat ./cmd/moat
 # gVisor at the version pinned in go.mod (tool directive). Static: a
 # dynamically linked runsc fails after pivot_root.
-go build -trimpath -ldflags "-s -w" -o bin/runsc gvisor.dev/gvisor/runsc
+# Stamped with that version, which `runsc --version` and `moat doctor` show.
+gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
+go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
 echo "setup.sh: built bin/moat and bin/runsc ($(bin/runsc --version | head -1))" >&2
