@@ -23,6 +23,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -259,6 +260,18 @@ func (d *daemon) run() error {
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
 	d.log.Info("sandbox running", append([]any{"boot_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	close(d.booted)
+	go func() {
+		// What the start allocated (the policy's compile, the CA, the
+		// guest's first handshake, the host's tools' answers) is garbage
+		// by now; the runtime would keep the freed pages for a while.
+		// Handing them back at once is about 2 MiB of an idle
+		// sandbox's memory.
+		select {
+		case <-d.net.settled:
+			debug.FreeOSMemory()
+		case <-ctx.Done():
+		}
+	}()
 	go d.watchIdle(ctx)
 	go d.elastic(ctx)
 	if d.o.Ready != nil {

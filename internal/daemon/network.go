@@ -187,6 +187,10 @@ type network struct {
 	grants     []string
 
 	named *namedLists // named policies' lists (policies.go)
+
+	// settled closes once the start's own work is done: the host's
+	// tools asked (discoverHost), or at once when they are not.
+	settled chan struct{}
 }
 
 // startNetwork builds the gate. It fails if the policy does not compile:
@@ -205,7 +209,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening the audit log: %w", err)
 	}
-	n := &network{o: o, dir: d.o.Dir, audit: al, ledger: audit.NewLedger(1024)}
+	n := &network{o: o, dir: d.o.Dir, audit: al, ledger: audit.NewLedger(1024), settled: make(chan struct{})}
 	for _, root := range o.DiscoverRoots {
 		n.discovered = append(n.discovered, policy.Discover(root, nil, func(string) string { return "" })...)
 	}
@@ -246,12 +250,15 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		// answer, the built-in list and the repositories read from files
 		// apply.
 		go func() {
+			defer close(n.settled)
 			select {
 			case <-d.booted:
 				n.discoverHost(ctx, d)
 			case <-ctx.Done():
 			}
 		}()
+	} else {
+		close(n.settled)
 	}
 	go n.gate.RunPreresolve(ctx)
 	return n, nil
