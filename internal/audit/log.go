@@ -42,11 +42,17 @@ type Log struct {
 	mu     sync.RWMutex
 	closed bool
 
+	// failing holds why the log cannot be written now (a full disk, say),
+	// from a failed flush until one succeeds again: the gate lets nothing
+	// through that it could not record (Failing).
+	failing atomic.Pointer[string]
+
 	// Owned by the writer goroutine until done is closed.
-	f    *os.File
-	w    *bufio.Writer
-	size int64
-	err  error // the first write or rotation error
+	f      *os.File
+	w      *bufio.Writer
+	size   int64
+	err    error // the first write or rotation error
+	reopen bool  // a flush failed and f was closed: open it again before the next write
 }
 
 // Open opens (creating it 0600 if need be) the audit file at path for
@@ -162,6 +168,16 @@ func (l *Log) Tap(fn func(Record)) {
 	l.tap.Store(&fn)
 }
 
+// Failing is why records cannot be written now, or nil: set when a write
+// to the file fails (a full disk, an I/O error), cleared when a later one
+// succeeds. Records queued meanwhile are lost with the failed writes.
+func (l *Log) Failing() error {
+	if p := l.failing.Load(); p != nil {
+		return errors.New(*p)
+	}
+	return nil
+}
+
 // Close writes what is queued, closes the file and returns the first error
 // the log met since Open. It may be called more than once.
 func (l *Log) Close() error {
@@ -181,8 +197,10 @@ func (l *Log) Close() error {
 func (l *Log) run() {
 	defer close(l.done)
 	defer func() {
-		l.fail(l.w.Flush())
-		l.fail(l.f.Close())
+		if !l.reopen {
+			l.fail(l.w.Flush())
+			l.fail(l.f.Close())
+		}
 	}()
 	written := 0
 	for r := range l.queue {
@@ -196,9 +214,32 @@ func (l *Log) run() {
 			l.writeDropped()
 		}
 		if len(l.queue) == 0 {
-			l.fail(l.w.Flush())
+			l.flush()
 		}
 	}
+}
+
+// flush writes what is buffered. A failure marks the log failing and closes
+// the file: the buffered records are lost, and the next write opens the
+// file again (openFile ends a torn last line first). A success clears it.
+func (l *Log) flush() {
+	if l.reopen {
+		return
+	}
+	if err := l.w.Flush(); err != nil {
+		l.failed(err)
+		l.f.Close()
+		l.reopen = true
+		return
+	}
+	l.failing.Store(nil)
+}
+
+// failed records err as the first error and as why the log fails now.
+func (l *Log) failed(err error) {
+	l.fail(err)
+	msg := err.Error()
+	l.failing.Store(&msg)
 }
 
 // writeDropped writes a dropped record if Write has dropped any since the
@@ -224,6 +265,13 @@ func (l *Log) write(r Record) {
 		return
 	}
 	line = append(line, '\n')
+	if l.reopen {
+		if err := l.openFile(); err != nil {
+			l.failed(err)
+			return
+		}
+		l.reopen = false
+	}
 	if l.size > 0 && l.size+int64(len(line)) > l.maxBytes {
 		if err := l.rotate(); err != nil {
 			// Keep appending to the file we have: an audit file over its

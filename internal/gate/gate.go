@@ -106,6 +106,10 @@ type Gate struct {
 	// Counters for status and benchmarks.
 	allowed atomic.Int64
 	denied  atomic.Int64
+
+	// unrecorded: the audit log was failing at the last decision (the
+	// daemon's log says so once per episode).
+	unrecorded atomic.Bool
 }
 
 // hostAddrsTTL: the host's addresses change rarely (DHCP, VPN up/down);
@@ -180,8 +184,34 @@ func (g *Gate) Bindings() *Bindings { return g.binds }
 // Counts returns how many flows were allowed and denied since start.
 func (g *Gate) Counts() (allowed, denied int64) { return g.allowed.Load(), g.denied.Load() }
 
+// livePolicy is the policy decisions use now: none, which denies
+// everything, while the audit log cannot be written (ATTACKS 28: a full
+// disk), since nothing may go through that is not recorded.
+func (g *Gate) livePolicy() *policy.Policy {
+	if g.unaudited() != nil {
+		return nil
+	}
+	return g.policy.Load()
+}
+
+// unaudited is why decisions cannot be recorded now, or nil.
+func (g *Gate) unaudited() error {
+	if g.o.Audit == nil {
+		return nil
+	}
+	err := g.o.Audit.Failing()
+	if was := g.unrecorded.Swap(err != nil); was != (err != nil) && g.log != nil {
+		if err != nil {
+			g.log.Error("the audit log cannot be written: the gate lets nothing through until it can", "err", err)
+		} else {
+			g.log.Info("the audit log is written again: the gate decides as before")
+		}
+	}
+	return err
+}
+
 func (g *Gate) decideName(name string, port uint16) policy.Decision {
-	p := g.policy.Load()
+	p := g.livePolicy()
 	if p == nil {
 		return policy.Decision{Verdict: policy.Deny}
 	}
@@ -189,7 +219,7 @@ func (g *Gate) decideName(name string, port uint16) policy.Decision {
 }
 
 func (g *Gate) decideAddr(ip netip.Addr, port uint16) policy.Decision {
-	p := g.policy.Load()
+	p := g.livePolicy()
 	if p == nil {
 		return policy.Decision{Verdict: policy.Deny}
 	}
@@ -230,7 +260,7 @@ func (g *Gate) special(ip netip.Addr, port uint16) (string, bool) {
 	if !sp {
 		return "", false
 	}
-	if p := g.policy.Load(); p != nil {
+	if p := g.livePolicy(); p != nil {
 		if _, ok := p.OpensSpecial(ip, port, class); ok {
 			return "", false
 		}

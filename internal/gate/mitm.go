@@ -468,7 +468,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 // decideRequest decides one request by the policy in force now: a rule
 // change reaches requests on connections already open, not only new ones.
 func (g *Gate) decideRequest(ic *interception, r *http.Request) policy.Decision {
-	p := g.policy.Load()
+	p := g.livePolicy()
 	if p == nil {
 		return policy.Decision{Verdict: policy.Deny}
 	}
@@ -752,7 +752,7 @@ func (g *Gate) plainRequestAllowed(req peek.Request, dst netip.AddrPort, t *tcpT
 	if !t.dec.Inspect {
 		return true
 	}
-	p := g.policy.Load()
+	p := g.livePolicy()
 	if p == nil {
 		return false
 	}

@@ -50,6 +50,11 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 		return
 	}
 	defer flows.Add(-1)
+	if err := g.unaudited(); err != nil {
+		f.Refuse()
+		g.audit(g.denyRecord("tcp", f.Dst, "the audit log cannot be written ("+err.Error()+"): nothing goes through unrecorded"))
+		return
+	}
 
 	dst := f.Dst
 	t := &tcpTrace{start: g.o.Now(), src: f.Src, rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
@@ -98,6 +103,12 @@ type tcpTrace struct {
 // held. It reports whether the connection may go on; the trace's record
 // says why either way.
 func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
+	if err := g.unaudited(); err != nil {
+		// Neither report mode nor a watcher lets through what could not
+		// be recorded.
+		t.rec.Reason = "the audit log cannot be written (" + err.Error() + "): nothing goes through unrecorded"
+		return false
+	}
 	if g.report.Load() {
 		t.wouldDeny = true
 		if t.rec.Reason == "" {

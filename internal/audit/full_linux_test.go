@@ -1,0 +1,95 @@
+package audit
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// ATTACKS 28, a full disk: when records cannot be written the log says so
+// (Failing), for as long as that lasts, and recovers on its own once there
+// is room again. On a real filesystem that fills: a 256 KiB tmpfs.
+func TestFailingOnFullDisk(t *testing.T) {
+	dir := t.TempDir()
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=256k"); err != nil {
+		t.Skipf("skipped: mounting a small tmpfs needs root, which ./scripts/test.sh has: %v", err)
+	}
+	defer syscall.Unmount(dir, syscall.MNT_DETACH)
+	path := filepath.Join(dir, "audit.jsonl")
+	l, err := Open(path, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	rec := func(name string) Record { return Record{Proto: "tcp", Dst: "198.51.100.1:443", Name: name, Verdict: Allow} }
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s within 5 s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+
+	l.Write(rec("before.test"))
+	time.Sleep(100 * time.Millisecond)
+	if err := l.Failing(); err != nil {
+		t.Fatalf("failing with room on the disk: %v", err)
+	}
+
+	// Fill the filesystem.
+	filler, err := os.Create(filepath.Join(dir, "filler"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	chunk := make([]byte, 4096)
+	for i := 0; i < 1024; i++ {
+		if _, err := filler.Write(chunk); err != nil {
+			if !errors.Is(err, syscall.ENOSPC) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	filler.Close()
+	// Records now fail to reach the disk; the log says so, and keeps saying
+	// so while it stays full.
+	for i := 0; l.Failing() == nil && i < 500; i++ {
+		l.Write(rec("during.test"))
+		time.Sleep(10 * time.Millisecond)
+	}
+	err = l.Failing()
+	if err == nil {
+		t.Fatal("the log did not report failing on a full disk")
+	}
+	t.Logf("failing: %v", err)
+	l.Write(rec("still-full.test"))
+	time.Sleep(100 * time.Millisecond)
+	if l.Failing() == nil {
+		t.Fatal("the log stopped failing while the disk is still full")
+	}
+
+	// Room again: the next record goes through and the log recovers.
+	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the log recovering once there is room", func() bool {
+		l.Write(rec("after.test"))
+		time.Sleep(10 * time.Millisecond)
+		return l.Failing() == nil
+	})
+	if err := l.Close(); err == nil {
+		t.Error("Close reported no error for a log that failed")
+	}
+	names := map[string]int{}
+	if err := Read(path, func(r Record) bool { names[r.Name]++; return true }); err != nil {
+		t.Fatal(err)
+	}
+	if names["before.test"] != 1 || names["after.test"] == 0 {
+		t.Errorf("records read back: %v (want before.test once and after.test)", names)
+	}
+}
