@@ -6,10 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Defaults for Open: 16 MiB × (1 + 3) bounds a sandbox's audit to 64 MiB,
@@ -46,6 +49,10 @@ type Log struct {
 	// from a failed flush until one succeeds again: the gate lets nothing
 	// through that it could not record (Failing).
 	failing atomic.Pointer[string]
+	// The free space under the log, checked at most every spaceEvery:
+	// when it was last checked (unix ns), and why it is too low, or nil.
+	spaceAt  atomic.Int64
+	spaceErr atomic.Pointer[string]
 
 	// Owned by the writer goroutine until done is closed.
 	f      *os.File
@@ -168,11 +175,45 @@ func (l *Log) Tap(fn func(Record)) {
 	l.tap.Store(&fn)
 }
 
-// Failing is why records cannot be written now, or nil: set when a write
-// to the file fails (a full disk, an I/O error), cleared when a later one
-// succeeds. Records queued meanwhile are lost with the failed writes.
+// Failing is why records cannot be written now, or nil: when a write to
+// the file failed (a full disk, an I/O error) and no later one succeeded
+// yet, or when the filesystem under it has less than MinFree left, so
+// that the gate stops before a record is lost rather than after.
 func (l *Log) Failing() error {
 	if p := l.failing.Load(); p != nil {
+		return errors.New(*p)
+	}
+	return l.lowSpace()
+}
+
+// MinFree is the free space, in bytes, under which the audit log counts
+// as failing: a few buffers' worth of records.
+const MinFree = 256 << 10
+
+// minFree is MinFree; the tests set it to 0 to see failed writes alone.
+var minFree uint64 = MinFree
+
+// spaceEvery bounds how often Failing asks the filesystem (statfs).
+const spaceEvery = 100 * time.Millisecond
+
+// lowSpace is why the log's filesystem has too little room, or nil; it
+// asks at most every spaceEvery and answers from the last look between.
+// A filesystem that cannot be asked counts as roomy: the writes will tell.
+func (l *Log) lowSpace() error {
+	now := time.Now().UnixNano()
+	if last := l.spaceAt.Load(); now-last >= int64(spaceEvery) && l.spaceAt.CompareAndSwap(last, now) {
+		var st unix.Statfs_t
+		dir := filepath.Dir(l.path)
+		// Bfree, not Bavail: moat runs as root, which may use the blocks
+		// a filesystem keeps back from everyone else.
+		if err := unix.Statfs(dir, &st); err == nil && st.Bfree*uint64(st.Bsize) < minFree {
+			msg := fmt.Sprintf("%s has %d KiB free, under the %d KiB the audit log keeps in reserve", dir, st.Bfree*uint64(st.Bsize)>>10, minFree>>10)
+			l.spaceErr.Store(&msg)
+		} else {
+			l.spaceErr.Store(nil)
+		}
+	}
+	if p := l.spaceErr.Load(); p != nil {
 		return errors.New(*p)
 	}
 	return nil

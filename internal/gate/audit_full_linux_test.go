@@ -17,7 +17,7 @@ import (
 // upstream), and once there is room again it decides as before.
 func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {
 	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=256k"); err != nil {
+	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
 		t.Skipf("skipped: mounting a small tmpfs needs root, which ./scripts/test.sh has: %v", err)
 	}
 	defer syscall.Unmount(dir, syscall.MNT_DETACH)
