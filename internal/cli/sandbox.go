@@ -476,7 +476,9 @@ func (e *env) waitRunning(dir string) error {
 // stop asks the daemon to stop and waits until it is gone.
 func (e *env) stop(dir string, reason string) error {
 	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "stopped"; return nil }); err != nil {
-		return err
+		// A record that cannot be written (a full disk, say) must not
+		// keep a sandbox running: it is stopped all the same.
+		fmt.Fprintf(os.Stderr, "moat: %v; stopping the sandbox all the same\n", err)
 	}
 	if !state.DaemonAlive(dir) {
 		return nil

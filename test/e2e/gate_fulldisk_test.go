@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -30,10 +31,21 @@ func TestGateFullDisk(t *testing.T) {
 	g := newGateEnv(t, n, "fulldisk", "[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\n")
 	g.env = append(g.env, "MOAT_HOME="+home)
 	g.state = filepath.Join(home, "state", "sandboxes", "fulldisk")
+	filler := filepath.Join(home, "filler")
 	t.Cleanup(func() {
+		// Room first, whatever state the test stopped in; then nothing of
+		// the sandbox may outlive the filesystem its state is on.
+		os.Remove(filler)
 		c := exec.Command(moatBin, "destroy", "--yes", "fulldisk")
 		c.Env = moatEnv(g.env)
-		c.Run()
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("destroy: %v\n%s", err, out)
+			if b, err := os.ReadFile(filepath.Join(g.state, "daemon.pid")); err == nil {
+				if pid, _ := strconv.Atoi(strings.TrimSpace(string(b))); pid > 0 {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+		}
 		syscall.Unmount(home, syscall.MNT_DETACH)
 	})
 	g.up(t)
@@ -45,21 +57,24 @@ func TestGateFullDisk(t *testing.T) {
 		t.Fatalf("with room on the disk: got %q, upstream hits %d", got, web.Hits())
 	}
 
-	filler := filepath.Join(home, "filler")
-	f, err := os.Create(filler)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 1<<20)
-	for i := 0; i < 128; i++ {
-		if _, err := f.Write(chunk); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
+	fill := func() {
+		t.Helper()
+		f, err := os.Create(filler)
+		if err != nil {
+			t.Fatal(err)
 		}
+		chunk := make([]byte, 1<<20)
+		for i := 0; i < 128; i++ {
+			if _, err := f.Write(chunk); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		f.Close()
 	}
-	f.Close()
+	fill()
 	time.Sleep(300 * time.Millisecond) // the gate looks at the free space at most every 100 ms
 	start := time.Now()
 	if got := fetch(); got == "200" || web.Hits() != 1 {
@@ -84,5 +99,28 @@ func TestGateFullDisk(t *testing.T) {
 	}
 	if got != "200" || web.Hits() != 2 {
 		t.Fatalf("with room again: got %q, upstream hits %d (want 200, 2)\n%s", got, web.Hits(), g.daemonLog())
+	}
+
+	// A full disk does not keep a sandbox running: down stops it although
+	// its record cannot be written.
+	fill()
+	if r := moat(t, g.dir, g.env, "down", "fulldisk"); r.code != 0 {
+		t.Fatalf("moat down with the disk full: exit %d\n%s", r.code, r.stderr)
+	}
+	b, _ := os.ReadFile(filepath.Join(g.state, "daemon.pid"))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if pid <= 0 {
+		t.Fatalf("daemon.pid: %q", b)
+	}
+	// Gone, or a zombie its new parent has not reaped yet.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+		if err != nil || strings.Contains(string(st), ") Z ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the daemon (pid %d) still runs 10 s after moat down with the disk full", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
