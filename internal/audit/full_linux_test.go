@@ -1,17 +1,18 @@
 package audit
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
+
+	"moat.dev/moat/internal/testfs"
 )
 
 // ATTACKS 28, a full disk: when records cannot be written, or the disk is
 // about to refuse them, the log says so (Failing), for as long as that
-// lasts, and recovers on its own once there is room again. On a real filesystem that fills: a 2 MiB tmpfs.
+// lasts, and recovers on its own once there is room again. On a real
+// filesystem that fills: a 2 MiB tmpfs.
 func TestFailingOnFullDisk(t *testing.T) {
 	t.Run("low_space", func(t *testing.T) { testFailingOnFullDisk(t, false) })
 	// With no reserve, only the failed writes tell.
@@ -23,11 +24,7 @@ func TestFailingOnFullDisk(t *testing.T) {
 }
 
 func testFailingOnFullDisk(t *testing.T, wantWriteErr bool) {
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
-		t.Skipf("skipped: mounting a small tmpfs needs root, which ./scripts/test.sh has: %v", err)
-	}
-	defer syscall.Unmount(dir, syscall.MNT_DETACH)
+	dir := testfs.Small(t, "2m")
 	path := filepath.Join(dir, "audit.jsonl")
 	l, err := Open(path, 0, 0)
 	if err != nil {
@@ -53,21 +50,7 @@ func testFailingOnFullDisk(t *testing.T, wantWriteErr bool) {
 		t.Fatalf("failing with room on the disk: %v", err)
 	}
 
-	// Fill the filesystem.
-	filler, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 4096)
-	for i := 0; i < 1024; i++ {
-		if _, err := filler.Write(chunk); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	filler.Close()
+	filler := testfs.Fill(t, dir)
 	// Records now fail to reach the disk; the log says so, and keeps saying
 	// so while it stays full.
 	for i := 0; l.Failing() == nil && i < 500; i++ {
@@ -86,7 +69,7 @@ func testFailingOnFullDisk(t *testing.T, wantWriteErr bool) {
 	}
 
 	// Room again: the next record goes through and the log recovers.
-	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	waitFor("the log recovering once there is room", func() bool {

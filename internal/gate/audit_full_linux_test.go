@@ -1,26 +1,21 @@
 package gate
 
 import (
-	"errors"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/testfs"
 )
 
 // ATTACKS 28, a full disk: while the audit log cannot be written the gate
 // lets nothing through (connections refused, names denied, so never asked
 // upstream), and once there is room again it decides as before.
 func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {
-	dir := t.TempDir()
-	if err := syscall.Mount("tmpfs", dir, "tmpfs", 0, "size=2m"); err != nil {
-		t.Skipf("skipped: mounting a small tmpfs needs root, which ./scripts/test.sh has: %v", err)
-	}
-	defer syscall.Unmount(dir, syscall.MNT_DETACH)
+	dir := testfs.Small(t, "2m")
 	a := loopback()
 	banner(t, a+":2222")
 	f := newFixture(t, nil, []string{"ssh.allowed.test:2222", a + "/32"}, nil)
@@ -39,20 +34,7 @@ func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {
 		t.Fatal("the allowed name was denied with room on the disk")
 	}
 
-	filler, err := os.Create(filepath.Join(dir, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	chunk := make([]byte, 4096)
-	for i := 0; i < 1024; i++ {
-		if _, err := filler.Write(chunk); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
-		}
-	}
-	filler.Close()
+	filler := testfs.Fill(t, dir)
 	for i := 0; al.Failing() == nil && i < 500; i++ {
 		al.Write(audit.Record{Proto: "tcp", Verdict: audit.Allow, Name: "filling.test"})
 		time.Sleep(10 * time.Millisecond)
@@ -70,7 +52,7 @@ func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {
 		t.Fatal("with the audit log failing an echo was answered")
 	}
 
-	if err := os.Remove(filepath.Join(dir, "filler")); err != nil {
+	if err := os.Remove(filler); err != nil {
 		t.Fatal(err)
 	}
 	for deadline := time.Now().Add(5 * time.Second); al.Failing() != nil; {

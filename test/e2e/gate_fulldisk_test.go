@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"moat.dev/moat/internal/testfs"
 	"moat.dev/moat/test/inet"
 )
 
@@ -21,21 +21,20 @@ import (
 // it, and the daemon's log says why. With room again, the same request
 // goes through.
 func TestGateFullDisk(t *testing.T) {
-	home := t.TempDir()
-	if err := syscall.Mount("tmpfs", home, "tmpfs", 0, "size=64m,mode=0700"); err != nil {
-		t.Skipf("skipped: mounting a small tmpfs for the sandbox's state needs root, which ./scripts/test.sh has: %v", err)
-	}
+	home := testfs.Small(t, "64m") // unmounted after the clean-up below
 	n := inet.Start(t)
 	n.SetA("allowed.test", allowedIP)
 	web := n.HTTP(t, allowedIP, 80, nil)
 	g := newGateEnv(t, n, "fulldisk", "[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\n")
 	g.env = append(g.env, "MOAT_HOME="+home)
 	g.state = filepath.Join(home, "state", "sandboxes", "fulldisk")
-	filler := filepath.Join(home, "filler")
+	var filler string
 	t.Cleanup(func() {
 		// Room first, whatever state the test stopped in; then nothing of
 		// the sandbox may outlive the filesystem its state is on.
-		os.Remove(filler)
+		if filler != "" {
+			os.Remove(filler)
+		}
 		c := exec.Command(moatBin, "destroy", "--yes", "fulldisk")
 		c.Env = moatEnv(g.env)
 		if out, err := c.CombinedOutput(); err != nil {
@@ -46,7 +45,6 @@ func TestGateFullDisk(t *testing.T) {
 				}
 			}
 		}
-		syscall.Unmount(home, syscall.MNT_DETACH)
 	})
 	g.up(t)
 	fetch := func() string {
@@ -57,24 +55,7 @@ func TestGateFullDisk(t *testing.T) {
 		t.Fatalf("with room on the disk: got %q, upstream hits %d", got, web.Hits())
 	}
 
-	fill := func() {
-		t.Helper()
-		f, err := os.Create(filler)
-		if err != nil {
-			t.Fatal(err)
-		}
-		chunk := make([]byte, 1<<20)
-		for i := 0; i < 128; i++ {
-			if _, err := f.Write(chunk); err != nil {
-				if !errors.Is(err, syscall.ENOSPC) {
-					t.Fatal(err)
-				}
-				break
-			}
-		}
-		f.Close()
-	}
-	fill()
+	filler = testfs.Fill(t, home)
 	time.Sleep(300 * time.Millisecond) // the gate looks at the free space at most every 100 ms
 	start := time.Now()
 	if got := fetch(); got == "200" || web.Hits() != 1 {
@@ -103,15 +84,11 @@ func TestGateFullDisk(t *testing.T) {
 
 	// A full disk does not keep a sandbox running: down stops it although
 	// its record cannot be written.
-	fill()
+	filler = testfs.Fill(t, home)
 	if r := moat(t, g.dir, g.env, "down", "fulldisk"); r.code != 0 {
 		t.Fatalf("moat down with the disk full: exit %d\n%s", r.code, r.stderr)
 	}
-	b, _ := os.ReadFile(filepath.Join(g.state, "daemon.pid"))
-	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	if pid <= 0 {
-		t.Fatalf("daemon.pid: %q", b)
-	}
+	pid := g.daemonPID(t)
 	// Gone, or a zombie its new parent has not reaped yet.
 	for deadline := time.Now().Add(10 * time.Second); ; {
 		st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
