@@ -545,17 +545,23 @@ echo "START=$m"
 // daemonHWM is the daemon's peak resident set (VmHWM), in bytes.
 func (e *tlsEnv) daemonHWM(t *testing.T) int64 {
 	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", e.daemonPID(t)))
+	return statusBytes(t, e.daemonPID(t), "VmHWM")
+}
+
+// statusBytes is a memory field of /proc/PID/status (VmHWM, VmRSS), in bytes.
+func statusBytes(t *testing.T, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		t.Fatalf("reading the daemon's status: %v", err)
+		t.Fatalf("reading the status of pid %d: %v", pid, err)
 	}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb << 10
 		}
 	}
-	t.Fatal("no VmHWM in the daemon's status")
+	t.Fatalf("no %s in the status of pid %d", field, pid)
 	return 0
 }
 

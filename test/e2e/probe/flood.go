@@ -56,7 +56,7 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 		out := map[string]*floodKind{}
 		var mu sync.Mutex
 		var wg sync.WaitGroup
-		launch := func(kind string, n int, addr string, talk func(c net.Conn) (sent int64, reply string)) {
+		launch := func(kind string, n int, addr string, talk func(c net.Conn) (sent int64)) {
 			k := &floodKind{}
 			out[kind] = k
 			for range n {
@@ -101,7 +101,7 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 					}()
 					var sent int64
 					if talk != nil {
-						sent, _ = talk(c)
+						sent = talk(c)
 					}
 					reply := <-ended
 					mu.Lock()
@@ -123,21 +123,21 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 		}
 		launch("idle", *idle, httpAddr, nil)
 		launch("dnsidle", *dnsidle, dnsAddr, nil)
-		launch("slow", *slow, httpAddr, func(c net.Conn) (int64, string) {
+		launch("slow", *slow, httpAddr, func(c net.Conn) int64 {
 			sent := writeAll(c, []byte("GET /slow HTTP/1.1\r\nHost: "+host+"\r\nX-Slow: "))
 			for {
 				time.Sleep(250 * time.Millisecond)
 				if _, err := c.Write([]byte("a")); err != nil {
-					return sent, ""
+					return sent
 				}
 				sent++
 			}
 		})
-		launch("bighead", *bighead, httpAddr, func(c net.Conn) (int64, string) {
+		launch("bighead", *bighead, httpAddr, func(c net.Conn) int64 {
 			head := "GET /bighead HTTP/1.1\r\nHost: " + host + "\r\nX-Huge: " + strings.Repeat("a", 1<<20) + "\r\n\r\n"
-			return writeAll(c, []byte(head)), ""
+			return writeAll(c, []byte(head))
 		})
-		launch("bighello", *bighello, tlsAddr, func(c net.Conn) (int64, string) {
+		launch("bighello", *bighello, tlsAddr, func(c net.Conn) int64 {
 			// A handshake record that declares a 16 MiB ClientHello, then junk in
 			// records of 16 KiB until the gate stops reading.
 			sent := writeAll(c, []byte{22, 3, 1, 0x40, 0x00, 1, 0xff, 0xff, 0xff})
@@ -149,7 +149,7 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 					break
 				}
 			}
-			return sent, ""
+			return sent
 		})
 		wg.Wait()
 		for _, k := range out {
