@@ -200,8 +200,9 @@ func (g *Gate) unaudited() error {
 		return nil
 	}
 	err := g.o.Audit.Failing()
-	if was := g.unrecorded.Swap(err != nil); was != (err != nil) && g.log != nil {
-		if err != nil {
+	// A write only when the state changes: this runs on every decision.
+	if failing := err != nil; g.unrecorded.Load() != failing && g.unrecorded.CompareAndSwap(!failing, failing) && g.log != nil {
+		if failing {
 			g.log.Error("the audit log cannot be written: the gate lets nothing through until it can", "err", err)
 		} else {
 			g.log.Info("the audit log is written again: the gate decides as before")

@@ -194,27 +194,27 @@ func loadGroup(b []byte) (*Group, error) {
 // daemon could not remove. Callers make sure no daemon of the sandbox is
 // alive. When the group lock is held, a killed daemon's reaper is removing
 // the group right now, and RemoveStale leaves it to it.
-func RemoveStale(stateDir string) error {
-	lock, ok, err := lockGroup(stateDir, 0)
-	if err != nil || !ok {
-		return err
-	}
-	defer lock.Close()
-	return removeStaleLocked(stateDir)
-}
+func RemoveStale(stateDir string) error { return removeStale(stateDir, 0) }
 
 // RemoveStaleWait is RemoveStale for a sandbox about to be deleted: it
 // waits (bounded) for a killed daemon's reaper to finish rather than leave
 // the group to it, since the state directory the reaper works from is
 // about to go.
-func RemoveStaleWait(stateDir string) error {
-	lock, ok, err := lockGroup(stateDir, lockWait)
+func RemoveStaleWait(stateDir string) error { return removeStale(stateDir, lockWait) }
+
+// removeStale takes the group lock, waiting up to wait; a lock still held
+// after a wait is an error, one held without waiting is the reaper's.
+func removeStale(stateDir string, wait time.Duration) error {
+	lock, ok, err := lockGroup(stateDir, wait)
 	if err != nil {
 		return err
 	}
 	if !ok {
+		if wait == 0 {
+			return nil
+		}
 		return fmt.Errorf("the cgroup lock %s is still held after %s: a moat process of this sandbox is still working; try again",
-			filepath.Join(stateDir, lockFile), lockWait)
+			filepath.Join(stateDir, lockFile), wait)
 	}
 	defer lock.Close()
 	return removeStaleLocked(stateDir)
