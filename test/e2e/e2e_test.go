@@ -225,10 +225,38 @@ func assertNothingLeft(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("left behind: %v", left)
+			t.Fatalf("left behind: %v\n%s", left, cgroupDiagnosis())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// cgroupDiagnosis says what is still in this MOAT_HOME's cgroups (pid, state
+// and name of each process, whatever its command line) and what the
+// sandboxes' reapers logged: for a test that finds a cgroup left behind.
+func cgroupDiagnosis() string {
+	var b strings.Builder
+	for _, g := range ourCgroups() {
+		dir := strings.TrimPrefix(g, "cgroup ")
+		procs, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+		subs, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs"))
+		fmt.Fprintf(&b, "%s: %d child groups, processes:", dir, len(subs))
+		for _, pid := range strings.Fields(string(procs)) {
+			st, _ := os.ReadFile(filepath.Join("/proc", pid, "stat"))
+			fmt.Fprintf(&b, " [%s]", strings.TrimSpace(string(st[:min(len(st), 40)])))
+		}
+		b.WriteString("\n")
+	}
+	logs, _ := filepath.Glob(filepath.Join(moatHome, "state", "sandboxes", "*", "daemon.log"))
+	for _, l := range logs {
+		data, _ := os.ReadFile(l)
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, "component=reaper") {
+				fmt.Fprintf(&b, "%s: %s\n", filepath.Base(filepath.Dir(l)), line)
+			}
+		}
+	}
+	return b.String()
 }
 
 // ourCgroups lists the cgroups of this MOAT_HOME's sandboxes, in every
