@@ -41,9 +41,8 @@ var (
 	PrefixLen = 24
 )
 
-// MTU of tap0. 65520 is the largest an Ethernet-framed TAP takes with room
-// for headers; large frames are what makes the userspace path fast.
-const MTU = 65520
+// MTU of tap0: the gate sizes its copy buffers by it.
+const MTU = gate.TapMTU
 
 // GatewayMAC is the link address the stack answers ARP with.
 const GatewayMAC = tcpip.LinkAddress("\x02\x6d\x6f\x61\x74\x01")

@@ -60,6 +60,7 @@ func TestBenchGate(t *testing.T) {
 	}
 	t.Cleanup(func() { moat(t, dir, nil, "destroy", "--yes", "benchgate") })
 	netns := sandboxNetns(t, "benchgate")
+	netDev := filepath.Join(filepath.Dir(filepath.Dir(netns)), "net", "dev")
 
 	direct := func(args ...string) map[string]float64 {
 		out, err := exec.Command(probe, args...).Output()
@@ -83,9 +84,12 @@ func TestBenchGate(t *testing.T) {
 		m := gated(args...)
 		return m, c.times(t)
 	}
+	daemonPID := sandboxDaemon(t, "benchgate")
 	bytes := strconv.Itoa(sizeMiB << 20)
 	kib := strconv.Itoa(readKiB)
 	var dlD, dlG, dlL []float64
+	var cpuDaemon, cpuRuntime, cpuUp []float64 // CPU seconds per GiB of the gated download
+	var toGuest, fromGuest []float64           // tap0 frames per MiB of the gated download
 	var cD50, cD99, cG50, cG99, cL50, cL99, cT50, cT99 []float64
 	var pD, pG, pL, pRe []float64
 	var dnsC50, dnsC99, dnsL50, dnsT50, dnsT99, dnsD50, dnsU50, dnsUT50 []float64
@@ -97,7 +101,16 @@ func TestBenchGate(t *testing.T) {
 	loadBefore := load()
 	for r := 0; r < rounds; r++ {
 		d := direct("get", "http://198.51.100.10/bytes?n="+bytes, kib)
+		before, upBefore, fBefore := treeCPU(daemonPID), selfCPU(), tapFrames(t, netDev)
 		g := gated("get", "http://dl.bench.test/bytes?n="+bytes, kib)
+		after, upAfter, fAfter := treeCPU(daemonPID), selfCPU(), tapFrames(t, netDev)
+		gib := g["bytes"] / (1 << 30)
+		cpuDaemon = append(cpuDaemon, (after.daemon-before.daemon).Seconds()/gib)
+		cpuRuntime = append(cpuRuntime, (after.rest-before.rest).Seconds()/gib)
+		cpuUp = append(cpuUp, (upAfter-upBefore).Seconds()/gib)
+		mib := g["bytes"] / (1 << 20)
+		toGuest = append(toGuest, float64(fAfter.toGuest-fBefore.toGuest)/mib)
+		fromGuest = append(fromGuest, float64(fAfter.fromGuest-fBefore.fromGuest)/mib)
 		l := gated("get", "http://local/bytes?n="+bytes, kib)
 		dlD = append(dlD, d["bytes"]/d["seconds"]/(1<<20))
 		dlG = append(dlG, g["bytes"]/g["seconds"]/(1<<20))
@@ -145,6 +158,9 @@ func TestBenchGate(t *testing.T) {
 	t.Logf("rounds: %d, medians; load %s before, %s after (2 CPUs)", rounds, loadBefore, load())
 	t.Logf("download %d MiB, %d KiB reads   gate %5.0f MiB/s   direct %5.0f MiB/s   ratio %.2f (target >= 0.5)   guest lo %5.0f MiB/s",
 		sizeMiB, readKiB, m(dlG), m(dlD), m(dlG)/m(dlD), m(dlL))
+	t.Logf("                  CPU s/GiB through the gate: daemon %.2f   runsc and guest %.2f   test upstream %.2f (the probe's CLI session included in runsc and guest)",
+		m(cpuDaemon), m(cpuRuntime), m(cpuUp))
+	t.Logf("                  tap0 frames per MiB: %.1f to the guest, %.1f from it (ACKs)", m(toGuest), m(fromGuest))
 	t.Logf("connect x%d       gate p50 %5.0f us p99 %5.0f us   direct p50 %5.0f us p99 %5.0f us   added p50 %.2f ms (target <= 1 ms)",
 		connects, m(cG50), m(cG99), m(cD50), m(cD99), (m(cG50)-m(cD50))/1000)
 	t.Logf("                  tap0 SYN->SYN-ACK p50 %5.0f us p99 %5.0f us (decision, upstream dial, both TAP hops)   guest lo p50 %5.0f us p99 %5.0f us",
@@ -209,6 +225,105 @@ func benchProbe(t *testing.T, dir string) string {
 		t.Fatalf("building benchprobe: %v\n%s", err, b)
 	}
 	return out
+}
+
+// sandboxDaemon is the pid of the sandbox's daemon.
+func sandboxDaemon(t *testing.T, name string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(moatHome, "state", "sandboxes", name, "daemon.pid"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("daemon.pid: %v", err)
+	}
+	return pid
+}
+
+// cpuSplit is the CPU time used by a daemon itself and by every process
+// below it (shim, reaper, runsc's sandbox, gofer and stub processes, where
+// the guest's own code runs under systrap).
+type cpuSplit struct{ daemon, rest time.Duration }
+
+// clockTick is USER_HZ, the unit of /proc/PID/stat's times (100 on Linux).
+const clockTick = 10 * time.Millisecond
+
+// procCPU is a process's user and system time, and its parent.
+func procCPU(pid int) (time.Duration, int, bool) {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, false
+	}
+	// pid (comm) state ppid ... utime(14) stime(15)
+	f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:]))
+	if len(f) < 13 {
+		return 0, 0, false
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	ut, _ := strconv.ParseInt(f[11], 10, 64)
+	stm, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(ut+stm) * clockTick, ppid, true
+}
+
+func treeCPU(daemon int) cpuSplit {
+	var s cpuSplit
+	s.daemon, _, _ = procCPU(daemon)
+	parent := map[int]int{}
+	cpu := map[int]time.Duration{}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, p := range procs {
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		if c, pp, ok := procCPU(pid); ok {
+			parent[pid], cpu[pid] = pp, c
+		}
+	}
+	for pid, c := range cpu {
+		for q, n := parent[pid], 0; q > 1 && n < 64; q, n = parent[q], n+1 {
+			if q == daemon {
+				s.rest += c
+				break
+			}
+		}
+	}
+	return s
+}
+
+// selfCPU is this test process's CPU time: the test "internet"'s servers.
+func selfCPU() time.Duration {
+	c, _, _ := procCPU(os.Getpid())
+	return c
+}
+
+// frameCounts are tap0's frame counters, as the host kernel counts them.
+type frameCounts struct{ toGuest, fromGuest int64 }
+
+// tapFrames reads tap0's counters from a /proc/PID/net/dev in the sandbox's
+// network namespace. The kernel's tap0 receives what the guest (runsc)
+// sends and transmits what the daemon writes to its fd... seen from the
+// TAP device's side: the daemon's writes are the device's "receive".
+func tapFrames(t *testing.T, netDev string) frameCounts {
+	t.Helper()
+	b, err := os.ReadFile(netDev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		name, rest, ok := strings.Cut(line, ":")
+		if !ok || strings.TrimSpace(name) != "tap0" {
+			continue
+		}
+		f := strings.Fields(rest)
+		if len(f) < 10 {
+			break
+		}
+		// rx bytes, rx packets, ... (8 fields), tx bytes, tx packets
+		rx, _ := strconv.ParseInt(f[1], 10, 64)
+		tx, _ := strconv.ParseInt(f[9], 10, 64)
+		return frameCounts{toGuest: rx, fromGuest: tx}
+	}
+	t.Fatalf("no tap0 in %s", netDev)
+	return frameCounts{}
 }
 
 // sandboxNetns is the network namespace holding the sandbox's tap0: the
