@@ -402,6 +402,25 @@ func TestInterceptSpeaksHTTP1AndHTTP2(t *testing.T) {
 	}
 }
 
+// No upstream roots means the host's, not none: an upstream whose
+// certificate only the test's own CA vouches for is not trusted, and the
+// guest is told so instead of being handed what it sent.
+func TestInterceptWithHostRootsRefusesAnUnknownIssuer(t *testing.T) {
+	f := newMITMFixture(t, []string{"api.test"}, func(o *Options) {
+		o.Inspect = true
+		o.UpstreamRoots = nil
+	})
+	c := f.client(t, false, f.roots)
+	resp, body := get(t, c, "https://api.test/echo")
+	if resp.StatusCode != http.StatusBadGateway || !strings.Contains(body, "certificate") {
+		t.Fatalf("got %d %q, want 502 naming the upstream's certificate", resp.StatusCode, body)
+	}
+	recs := byProto(f.done(t, c), "http")
+	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "x509") {
+		t.Fatalf("request records %+v, want one whose reason is the verification error", recs)
+	}
+}
+
 func TestSplicedHostKeepsItsCertificate(t *testing.T) {
 	// Certs set, nothing asks for interception: the guest talks to the
 	// real host, certificate and all (pinning and mutual TLS keep working).
