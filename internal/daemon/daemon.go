@@ -260,6 +260,7 @@ func (d *daemon) run() error {
 	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
 	d.log.Info("sandbox running", append([]any{"boot_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	close(d.booted)
+	d.servingProcs()
 	go func() {
 		// What the start allocated (the policy's compile, the CA, the
 		// guest's first handshake, the host's tools' answers) is garbage
