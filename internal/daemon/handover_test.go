@@ -2,9 +2,9 @@ package daemon
 
 import (
 	"os"
-	"runtime"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 
 	"moat.dev/moat/internal/config"
@@ -42,9 +42,17 @@ func TestHandover(t *testing.T) {
 	big := string(make([]byte, 200<<10)) // beyond a pipe's buffer
 	done := make(chan error, 1)
 	go func() { done <- WriteHandover(w, map[string]string{"K": "v", "BIG": big}) }()
-	t.Setenv(SecretsFDEnv, strconv.Itoa(int(r.Fd())))
-	got, err := ReadHandover() // closes the fd
-	runtime.KeepAlive(r)       // r's finalizer must not close it first
+	// ReadHandover takes the fd and closes it, as the daemon does with the
+	// one it inherits; so it gets a copy that no *os.File owns. Handing it
+	// r's own fd left r's finalizer to close that number a second time,
+	// whenever the GC ran, by then another test's file.
+	fd, err := syscall.Dup(int(r.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close()
+	t.Setenv(SecretsFDEnv, strconv.Itoa(fd))
+	got, err := ReadHandover() // closes fd
 	if err != nil {
 		t.Fatal(err)
 	}
