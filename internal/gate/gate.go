@@ -194,6 +194,12 @@ func (g *Gate) livePolicy() *policy.Policy {
 	return g.policy.Load()
 }
 
+// unrecordedReason is the reason a flow is refused for while the audit
+// log fails (err is why it fails).
+func unrecordedReason(err error) string {
+	return "the audit log cannot be written (" + err.Error() + "): nothing goes through unrecorded"
+}
+
 // unaudited is why decisions cannot be recorded now, or nil.
 func (g *Gate) unaudited() error {
 	if g.o.Audit == nil {

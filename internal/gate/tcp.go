@@ -52,7 +52,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 	defer flows.Add(-1)
 	if err := g.unaudited(); err != nil {
 		f.Refuse()
-		g.audit(g.denyRecord("tcp", f.Dst, "the audit log cannot be written ("+err.Error()+"): nothing goes through unrecorded"))
+		g.audit(g.denyRecord("tcp", f.Dst, unrecordedReason(err)))
 		return
 	}
 
@@ -106,7 +106,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	if err := g.unaudited(); err != nil {
 		// Neither report mode nor a watcher lets through what could not
 		// be recorded.
-		t.rec.Reason = "the audit log cannot be written (" + err.Error() + "): nothing goes through unrecorded"
+		t.rec.Reason = unrecordedReason(err)
 		return false
 	}
 	if g.report.Load() {
@@ -539,8 +539,9 @@ func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *
 // The large buffer is a whole number of full segments. The netstack cuts
 // each write into segments on its own (it merges a write into the one
 // before only when all of it fits), so a 256 KiB write went out as four
-// full frames and a fifth of about 1 KiB: a fifth more frames than the
-// bytes need, and every frame costs the Sentry as much as a full one.
+// full frames and a fifth of about 1 KiB: 19.7 frames per MiB on tap0
+// instead of 16.2. Measured, that did not change a download's speed (the
+// bytes cost, not the frames), but the Sentry handles fewer frames.
 const (
 	spliceSmall = 16 << 10
 	spliceLarge = 4 * segmentPayload
