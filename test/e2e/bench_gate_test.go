@@ -59,7 +59,8 @@ func TestBenchGate(t *testing.T) {
 		t.Fatalf("moat up: %s", r.stderr)
 	}
 	t.Cleanup(func() { moat(t, dir, nil, "destroy", "--yes", "benchgate") })
-	netns := sandboxNetns(t, "benchgate")
+	daemonPID := sandboxDaemon(t, "benchgate")
+	netns := sandboxNetns(t, daemonPID)
 	netDev := filepath.Join(filepath.Dir(filepath.Dir(netns)), "net", "dev")
 
 	direct := func(args ...string) map[string]float64 {
@@ -84,7 +85,6 @@ func TestBenchGate(t *testing.T) {
 		m := gated(args...)
 		return m, c.times(t)
 	}
-	daemonPID := sandboxDaemon(t, "benchgate")
 	bytes := strconv.Itoa(sizeMiB << 20)
 	kib := strconv.Itoa(readKiB)
 	var dlD, dlG, dlL []float64
@@ -249,8 +249,8 @@ type cpuSplit struct{ daemon, rest time.Duration }
 // clockTick is USER_HZ, the unit of /proc/PID/stat's times (100 on Linux).
 const clockTick = 10 * time.Millisecond
 
-// procCPU is a process's user and system time, and its parent.
-func procCPU(pid int) (time.Duration, int, bool) {
+// procStat is a process's user and system time, and its parent.
+func procStat(pid int) (time.Duration, int, bool) {
 	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, 0, false
@@ -268,13 +268,13 @@ func procCPU(pid int) (time.Duration, int, bool) {
 
 func treeCPU(daemon int) cpuSplit {
 	var s cpuSplit
-	s.daemon, _, _ = procCPU(daemon)
+	s.daemon, _, _ = procStat(daemon)
 	parent := map[int]int{}
 	cpu := map[int]time.Duration{}
 	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
 		pid, _ := strconv.Atoi(filepath.Base(p))
-		if c, pp, ok := procCPU(pid); ok {
+		if c, pp, ok := procStat(pid); ok {
 			parent[pid], cpu[pid] = pp, c
 		}
 	}
@@ -291,7 +291,7 @@ func treeCPU(daemon int) cpuSplit {
 
 // selfCPU is this test process's CPU time: the test "internet"'s servers.
 func selfCPU() time.Duration {
-	c, _, _ := procCPU(os.Getpid())
+	c, _, _ := procStat(os.Getpid())
 	return c
 }
 
@@ -328,29 +328,19 @@ func tapFrames(t *testing.T, netDev string) frameCounts {
 
 // sandboxNetns is the network namespace holding the sandbox's tap0: the
 // shim's, a child of the daemon.
-func sandboxNetns(t *testing.T, name string) string {
+func sandboxNetns(t *testing.T, daemon int) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(moatHome, "state", "sandboxes", name, "daemon.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	daemon := strings.TrimSpace(string(b))
-	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	procs, _ := filepath.Glob("/proc/[0-9]*")
 	for _, p := range procs {
-		st, err := os.ReadFile(p)
-		if err != nil {
+		pid, _ := strconv.Atoi(filepath.Base(p))
+		if _, ppid, ok := procStat(pid); !ok || ppid != daemon {
 			continue
 		}
-		// pid (comm) state ppid ...
-		f := strings.Fields(string(st[strings.LastIndexByte(string(st), ')')+1:]))
-		if len(f) > 1 && f[1] == daemon {
-			cmd, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "cmdline"))
-			if strings.Contains(string(cmd), "__shim") {
-				return filepath.Join(filepath.Dir(p), "ns", "net")
-			}
+		if cmd, _ := os.ReadFile(filepath.Join(p, "cmdline")); strings.Contains(string(cmd), "__shim") {
+			return filepath.Join(p, "ns", "net")
 		}
 	}
-	t.Fatalf("no shim under daemon %s", daemon)
+	t.Fatalf("no shim under daemon %d", daemon)
 	return ""
 }
 
