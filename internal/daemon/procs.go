@@ -15,10 +15,10 @@ import (
 // host the guest's Sentry is spinning on the other core while the guest
 // waits for the gate (systrap's fast path): the woken thread waits to be
 // scheduled. On one processor the hand-off stays on the running thread.
-// Measured with bench/gate.sh on 2 cores, interleaved with the default:
-// the gate's own turnaround on tap0 for a cached DNS answer 79-101 us
-// against 118-133, a connect from the guest 1.27-1.70 ms against
-// 1.76-1.83, downloads (plain and TLS) no slower.
+// Measured with bench/gate.sh on 2 cores, four pairs interleaved with
+// the default: the gate's own turnaround on tap0 for a cached DNS answer
+// 79-101 us against 118-151, a connect from the guest 1.27-1.70 ms
+// against 1.43-2.21, downloads (plain and TLS) no slower.
 //
 // The start keeps every processor: it does several things at once (the
 // shim, the gate, the guest's first handshake), and on one processor it
