@@ -160,14 +160,28 @@ func (ss *session) handle(req *ssh.Request) bool {
 	return false
 }
 
+// CheckEnv says whether the agent accepts an env request. Any name is
+// accepted (the sandbox is the user's), but one that cannot be represented
+// in an environ entry would make exec fail later. Clients check first and
+// send env requests without waiting for the replies.
+func CheckEnv(name, value string) error {
+	switch {
+	case name == "":
+		return errors.New("empty variable name")
+	case strings.ContainsAny(name, "=\x00"):
+		return fmt.Errorf("variable name %q contains '=' or a NUL byte", name)
+	case strings.ContainsRune(value, 0):
+		return fmt.Errorf("the value of %s contains a NUL byte", name)
+	}
+	return nil
+}
+
 func (ss *session) handleEnv(payload []byte) bool {
 	var m struct{ Name, Value string }
 	if err := ssh.Unmarshal(payload, &m); err != nil {
 		return false
 	}
-	// Any name is accepted (the sandbox is the user's), but one that cannot
-	// be represented in an environ entry would make exec fail later.
-	if m.Name == "" || strings.ContainsAny(m.Name, "=\x00") || strings.ContainsRune(m.Value, 0) {
+	if CheckEnv(m.Name, m.Value) != nil {
 		return false
 	}
 	if m.Name == cwdEnv {

@@ -152,16 +152,31 @@ func forward(sess *ssh.Session, tty *terminal, sig syscall.Signal) (code int, do
 	return 0, false
 }
 
+// sendEnv sends the session's environment and working directory as env
+// requests without waiting for their replies: each reply is a round trip
+// through the guest's network stack (about 1 ms on a small systrap host),
+// and the agent accepts everything agent.CheckEnv accepts, which is checked
+// here first. The requests reach the agent in order, before the exec or
+// shell request that follows them.
 func sendEnv(sess *ssh.Session, o Options) error {
+	type env struct{ Name, Value string }
+	var reqs []env
 	// Sorted so the requests, and any failure, are the same on every run.
 	for _, k := range slices.Sorted(maps.Keys(o.Env)) {
-		if err := sess.Setenv(k, o.Env[k]); err != nil {
+		if err := agent.CheckEnv(k, o.Env[k]); err != nil {
 			return fmt.Errorf("setting environment variable %s: %w", k, err)
 		}
+		reqs = append(reqs, env{k, o.Env[k]})
 	}
 	if o.Dir != "" {
-		if err := sess.Setenv(cwdEnv, o.Dir); err != nil {
+		if err := agent.CheckEnv(cwdEnv, o.Dir); err != nil {
 			return fmt.Errorf("setting working directory: %w", err)
+		}
+		reqs = append(reqs, env{cwdEnv, o.Dir})
+	}
+	for _, r := range reqs {
+		if _, err := sess.SendRequest("env", false, ssh.Marshal(&r)); err != nil {
+			return fmt.Errorf("setting environment variable %s: %w", r.Name, err)
 		}
 	}
 	return nil

@@ -6,9 +6,11 @@ import (
 	"context"
 	"crypto/ed25519"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -239,6 +241,46 @@ func TestRun(t *testing.T) {
 						r.code, r.err, r.stdout, r.stderr, tt.wantCode, tt.wantStdout, tt.wantStderr)
 				}
 			})
+		}
+	})
+}
+
+// TestRunEnv: env requests go without replies, so every variable must
+// still arrive, in order before the command, and a variable the agent
+// would refuse must be refused here, before anything runs.
+func TestRunEnv(t *testing.T) {
+	eachTransport(t, func(t *testing.T, connect connector) {
+		c, _ := connect(t)
+		dir := t.TempDir()
+		env := map[string]string{}
+		var want strings.Builder
+		for i := range 40 {
+			k, v := fmt.Sprintf("MOAT_TEST_%02d", i), strings.Repeat("v", i)
+			env[k] = v
+			fmt.Fprintf(&want, "%s=%s\n", k, v)
+		}
+		r := await(t, runAsync(context.Background(), c, Options{
+			Argv: []string{"sh", "-c", `pwd; env | grep '^MOAT_TEST_' | sort`}, Dir: dir, Env: env,
+		}, &syncBuffer{}))
+		if r.err != nil || r.code != 0 || r.stdout != dir+"\n"+want.String() {
+			t.Fatalf("Run = %d, %v, stdout %q; want 0, nil, %q", r.code, r.err, r.stdout, dir+"\n"+want.String())
+		}
+
+		marker := filepath.Join(dir, "ran")
+		for _, bad := range []map[string]string{{"A=B": "x"}, {"": "x"}, {"OK": "a\x00b"}} {
+			r := await(t, runAsync(context.Background(), c, Options{
+				Argv: []string{"touch", marker}, Env: bad,
+			}, &syncBuffer{}))
+			if r.err == nil || !strings.Contains(r.err.Error(), "setting environment variable") {
+				t.Errorf("Run with env %q: err = %v, want a refusal naming the variable", bad, r.err)
+			}
+			if _, err := os.Stat(marker); err == nil {
+				t.Fatalf("Run with env %q ran the command", bad)
+			}
+		}
+		r = await(t, runAsync(context.Background(), c, Options{Argv: []string{"true"}, Dir: "a\x00b"}, &syncBuffer{}))
+		if r.err == nil || !strings.Contains(r.err.Error(), "working directory") {
+			t.Errorf("Run with a NUL in Dir: err = %v, want a refusal naming the working directory", r.err)
 		}
 	})
 }
