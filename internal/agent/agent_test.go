@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +21,7 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
 )
 
 // testServer is a Server listening on 127.0.0.1 for the duration of a test.
@@ -623,6 +626,55 @@ func TestParseStat(t *testing.T) {
 		if ok != tt.ok || state != tt.state || pgrp != tt.pgrp || sid != tt.sid {
 			t.Errorf("parseStat(%q) = %c, %d, %d, %v; want %c, %d, %d, %v", tt.in, state, pgrp, sid, ok, tt.state, tt.pgrp, tt.sid, tt.ok)
 		}
+	}
+}
+
+// TestMembers: the scan that every command's exit pays finds the live
+// processes of a group, not a zombie of it, and not processes of other
+// groups; readStat gives what the kernel's file holds.
+func TestMembers(t *testing.T) {
+	sleeper := exec.Command("sleep", "30")
+	sleeper.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	pgid := sleeper.Process.Pid
+	// A second member, and one that exits and stays a zombie until reaped.
+	mate := exec.Command("sleep", "30")
+	mate.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
+	zombie := exec.Command("true")
+	zombie.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pgid: pgid}
+	for _, c := range []*exec.Cmd{mate, zombie} {
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { mate.Process.Kill(); mate.Wait() })
+	var info unix.Siginfo
+	if err := unix.Waitid(unix.P_PID, zombie.Process.Pid, &info, unix.WEXITED|unix.WNOWAIT, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { zombie.Wait() })
+
+	got := (&process{pid: pgid}).members()
+	slices.Sort(got)
+	want := []int{pgid, mate.Process.Pid}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("members of group %d = %v, want %v (the zombie %d excluded)", pgid, got, want, zombie.Process.Pid)
+	}
+
+	stat, err := readStat(os.Getpid(), make([]byte, 4096))
+	want2, err2 := os.ReadFile("/proc/self/stat")
+	if err != nil || err2 != nil || len(stat) == 0 || !bytes.Equal(stat[:bytes.IndexByte(stat, ')')], want2[:bytes.IndexByte(want2, ')')]) {
+		t.Errorf("readStat(self) = %q, %v; /proc/self/stat %q, %v", stat, err, want2, err2)
+	}
+	if _, err := readStat(os.Getpid(), make([]byte, 8)); err == nil {
+		t.Error("readStat with a buffer shorter than the line: no error, want one rather than a cut line")
+	}
+	if _, err := readStat(1<<30, make([]byte, 4096)); err == nil {
+		t.Error("readStat of a pid that does not exist: no error")
 	}
 }
 

@@ -281,18 +281,24 @@ func (p *process) signalAll(sig syscall.Signal, live []int) {
 // members lists the live (non-zombie) processes whose process group or
 // session is the leader's pid. Zombies are excluded: they are already dead,
 // and their reaping is init's job once the leader is gone.
+//
+// Every command's exit pays one scan, and every system call of the guest
+// is a trap into gVisor's Sentry, so each stat file is read with three
+// calls (open, read, close): os.ReadFile takes nine there, as gVisor's proc
+// files can be polled and Go registers each with its poller.
 func (p *process) members() []int {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil
 	}
 	var pids []int
+	buf := make([]byte, 4096)
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		stat, err := readStat(pid, buf)
 		if err != nil {
 			continue // exited while we looked
 		}
@@ -302,6 +308,30 @@ func (p *process) members() []int {
 		}
 	}
 	return pids
+}
+
+// readStat reads /proc/PID/stat into buf with one read: the kernel (and
+// gVisor) hands the whole line to a read whose buffer holds it, and a line
+// longer than buf is reported as an error rather than cut.
+func readStat(pid int, buf []byte) ([]byte, error) {
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/stat", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	for {
+		n, err := unix.Read(fd, buf)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if n == len(buf) {
+			return nil, fmt.Errorf("/proc/%d/stat is longer than %d bytes", pid, len(buf))
+		}
+		return buf[:n], nil
+	}
 }
 
 // parseStat extracts state, pgrp and session from /proc/PID/stat. The
