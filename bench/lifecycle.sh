@@ -3,7 +3,7 @@
 # medians of N runs and their ratio. Needs root and ./scripts/setup.sh.
 #   cold: `moat run -- true` on a never-started sandbox  vs  bare `runsc run` of the host's rootfs
 #   warm: `moat exec N -- true`                           vs  `runsc exec` into the same sandbox
-#   mem:  PSS of one idle sandbox (the daemon and every process below it)
+#   mem:  PSS of one idle sandbox (the daemon and every process below it)  vs  an idle bare runsc sandbox
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10}
@@ -59,20 +59,43 @@ done
 # one address space, and each then reports all of its pages: each address
 # space is counted once (kcmp(2) KCMP_VM, syscall 312 on x86-64).
 sleep 2
-daemon=$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")
 tree() { local c; echo "$1"; for c in $(pgrep -P "$1"); do tree "$c"; done; }
 same_mm() { perl -e 'exit(syscall(312, $ARGV[0] + 0, $ARGV[1] + 0, 1, 0, 0) == 0 ? 0 : 1)' "$1" "$2"; }
-pids=() spaces=()
-for p in $(tree "$daemon" | sort -u); do
-	pids+=("$p")
-	for q in "${spaces[@]}"; do same_mm "$p" "$q" && continue 2; done
-	spaces+=("$p")
-done
-pss_kb=$(for p in "${spaces[@]}"; do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
+# pss ROOT...: sets pids, spaces and pss_kb for every process under the roots.
+pss() {
+	local p q
+	pids=() spaces=()
+	for p in $(for q in "$@"; do tree "$q"; done | sort -u); do
+		pids+=("$p")
+		for q in "${spaces[@]}"; do same_mm "$p" "$q" && continue 2; done
+		spaces+=("$p")
+	done
+	pss_kb=$(for p in "${spaces[@]}"; do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s}')
+}
+pss "$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")"
+moat_pss=$pss_kb moat_pids=${#pids[@]} moat_spaces=${#spaces[@]}
+
+# The runtime's own floor, in the same run: a bare runsc sandbox running
+# sleep, idle, measured the same way once moat's sandbox is gone (they
+# would share runsc's text, which lowers both).
+"$MOAT" destroy --yes benchproj >/dev/null 2>&1
+idle=$(mktemp -d /tmp/moat-bench-idle-XXXX)
+sed 's|"args":\["/bin/true"\]|"args":["/bin/sleep","1000"]|' "$bare/config.json" > "$idle/config.json"
+"$RUNSC" "${rflags[@]}" run --detach --bundle="$idle" bareidle >/dev/null
+sleep 2
+sandbox=$("$RUNSC" "${rflags[@]}" state bareidle | sed -n 's/^ *"pid": \([0-9]*\),*$/\1/p')
+gofer=$(pgrep -f '^runsc-gofer .*--root='"$bare/state" || true)
+pss "$sandbox" $gofer
+bare_pss=$pss_kb bare_spaces=${#spaces[@]} bare_pids=${#pids[@]}
+"$RUNSC" "${rflags[@]}" kill bareidle KILL >/dev/null 2>&1 || true
+sleep 0.5
+"$RUNSC" "${rflags[@]}" delete --force bareidle >/dev/null 2>&1 || true
+rm -rf "$idle"
 
 cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
 wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[@]}" | median)
 printf 'runs: %d each, medians in ms\n' "$N"
 printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
-printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((pss_kb / 1024))" "${#pids[@]}" "${#spaces[@]}"
+printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((moat_pss / 1024))" "$moat_pids" "$moat_spaces"
+printf 'idle bare runsc:  %d MiB over %d processes, %d address spaces (runsc running sleep: the runtime alone)\n' "$((bare_pss / 1024))" "$bare_pids" "$bare_spaces"
