@@ -3,6 +3,7 @@
 # medians of N runs and their ratio. Needs root and ./scripts/setup.sh.
 #   cold: `moat run -- true` on a never-started sandbox  vs  bare `runsc run` of the host's rootfs
 #   warm: `moat exec N -- true`                           vs  `runsc exec` into the same sandbox
+#         (and two floors: /usr/bin/true started inside the guest, moat's CLI start on the host)
 #   mem:  PSS of one idle sandbox (the daemon and every process below it)  vs  an idle bare runsc sandbox
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -75,6 +76,16 @@ pss() {
 pss "$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")"
 moat_pss=$pss_kb moat_pids=${#pids[@]} moat_spaces=${#spaces[@]}
 
+# Two floors under a warm exec, each measured N times: a shell already in
+# the guest starting /usr/bin/true (bash's EPOCHREALTIME around it: what
+# gVisor costs for the command itself, whoever asks for it), and the start
+# and exit of moat's CLI on the host (`moat version`). After the memory: the
+# guest's shell leaves systrap's stub processes pooled.
+guest_true=$("$MOAT" exec benchproj -- bash -c 'for i in $(seq '"$N"'); do s=$EPOCHREALTIME; /usr/bin/true; e=$EPOCHREALTIME; echo "${s/./} ${e/./}"; done' |
+	awk '{printf "%.1f\n", ($2 - $1) / 1000}' | median)
+cli_start=$(for i in $(seq "$N"); do t=$(date +%s%N); "$MOAT" version >/dev/null; echo $(( ($(date +%s%N) - t) / 100000 )); done |
+	median | awk '{printf "%.1f", $1 / 10}')
+
 # The runtime's own floor, in the same run: a bare runsc sandbox running
 # sleep, idle, measured the same way once moat's sandbox is gone (they
 # would share runsc's text, which lowers both).
@@ -97,5 +108,6 @@ wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[
 printf 'runs: %d each, medians in ms\n' "$N"
 printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
+printf '      floors: /usr/bin/true from a shell in the guest %s ms, moat CLI start and exit on the host %s ms; 0.5 x runsc exec is %s ms\n' "$guest_true" "$cli_start" "$(awk -v b="$wb" 'BEGIN{printf "%.1f", b/2}')"
 printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((moat_pss / 1024))" "$moat_pids" "$moat_spaces"
 printf 'idle bare runsc:  %d MiB over %d processes, %d address spaces (runsc running sleep: the runtime alone)\n' "$((bare_pss / 1024))" "$bare_pids" "$bare_spaces"
