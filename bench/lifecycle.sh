@@ -2,6 +2,7 @@
 # Lifecycle benchmarks, each against its baseline in the same run; prints
 # medians of N runs and their ratio. Needs root and ./scripts/setup.sh.
 #   cold: `moat run -- true` on a never-started sandbox  vs  bare `runsc run` of the host's rootfs
+#         (and a floor: bare `runsc run` of `moat version`, the guest init's start)
 #   warm: `moat exec N -- true`                           vs  `runsc exec` into the same sandbox
 #         (and two floors: /usr/bin/true started inside the guest, moat's CLI start on the host)
 #   mem:  PSS of one idle sandbox (the daemon and every process below it)  vs  an idle bare runsc sandbox
@@ -14,7 +15,7 @@ proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
 # runsc pins an empty network namespace for its gofers with a bind mount in
 # its root directory (null-netns); the bare runs' root is on the host.
 unpin() { while umount -l "$bare/state/null-netns" 2>/dev/null; do :; done; }
-trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; unpin; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare"' EXIT
+trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; unpin; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare" "$barego"' EXIT
 
 # Other sandboxes share runsc's and moat's text with this one's processes,
 # which lowers the PSS measured below: say so with the figures.
@@ -33,15 +34,20 @@ cat > "$bare/config.json" <<JSON
  "linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"},{"type":"network"}]}}
 JSON
 rflags=(--root="$bare/state" --platform=systrap --network=none --ignore-cgroups)
+# The same, running moat's own binary (`moat version`): what starting the
+# guest's init, that same static Go binary, costs inside gVisor.
+barego=$(mktemp -d /tmp/moat-bench-barego-XXXX)
+sed 's|"args":\["/bin/true"\]|"args":["'"$MOAT"'","version"]|' "$bare/config.json" > "$barego/config.json"
 
 # The bare run goes first in each pair, right after the destroy: a running
 # sandbox's daemon keeps working after `moat run` returns (it asks the host's
 # tools for package registries, `npm config get` among them), and a bare run
 # timed during that would be slowed by it.
-cold_moat=() cold_bare=()
+cold_moat=() cold_bare=() cold_barego=()
 for i in $(seq "$N"); do
 	"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true
 	t=$(date +%s%N); "$RUNSC" "${rflags[@]}" run --bundle="$bare" "bare$i" >/dev/null; cold_bare+=("$(ms "$t")")
+	t=$(date +%s%N); "$RUNSC" "${rflags[@]}" run --bundle="$barego" "barego$i" >/dev/null; cold_barego+=("$(ms "$t")")
 	t=$(date +%s%N); (cd "$proj" && "$MOAT" run --name benchproj -- true 2>/dev/null); cold_moat+=("$(ms "$t")")
 done
 
@@ -104,9 +110,11 @@ sleep 0.5
 rm -rf "$idle"
 
 cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
+cg=$(printf '%s\n' "${cold_barego[@]}" | median)
 wm=$(printf '%s\n' "${warm_moat[@]}" | median); wb=$(printf '%s\n' "${warm_bare[@]}" | median)
 printf 'runs: %d each, medians in ms\n' "$N"
 printf 'cold  moat run -- true   %6s   bare runsc run   %6s   ratio %s (target <= 1.5)\n' "$cm" "$cb" "$(awk -v a="$cm" -v b="$cb" 'BEGIN{printf "%.2f", a/b}')"
+printf '      floor: bare runsc run of moat version %s ms, %s more than of /bin/true (moat'"'"'s binary, the guest init, starting in gVisor), of the %s ms 1.5x leaves moat\n' "$cg" "$(awk -v a="$cg" -v b="$cb" 'BEGIN{print a-b}')" "$(awk -v b="$cb" 'BEGIN{print b/2}')"
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
 printf '      floors: /usr/bin/true from a shell in the guest %s ms, moat CLI start and exit on the host %s ms; 0.5 x runsc exec is %s ms\n' "$guest_true" "$cli_start" "$(awk -v b="$wb" 'BEGIN{printf "%.1f", b/2}')"
 printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((moat_pss / 1024))" "$moat_pids" "$moat_spaces"
