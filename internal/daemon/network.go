@@ -242,13 +242,6 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		Ledger:        n.ledger,
 		Log:           d.log.With("component", "gate"),
 	})
-	go func() {
-		select {
-		case <-d.booted:
-			warmRoots()
-		case <-ctx.Done():
-		}
-	}()
 	if o.DiscoverHost {
 		// The host's tools are asked once the sandbox runs, off the start
 		// path, and at the lowest CPU priority: `npm config get` alone
