@@ -189,8 +189,49 @@ type network struct {
 	named *namedLists // named policies' lists (policies.go)
 
 	// settled closes once the start's own work is done: the host's
-	// tools asked (discoverHost), or at once when they are not.
-	settled chan struct{}
+	// tools asked (discoverHost), or at once when they are not. discover
+	// asks them, once: discoveryDelay after the guest runs, or as soon
+	// as the gate is about to refuse a destination no rule decides
+	// (settling). Nil when the host's tools are not asked.
+	settled  chan struct{}
+	discover func()
+}
+
+// discoveryDelay is how long after the start the host's tools are asked
+// for the package registries they use. `npm config get` alone takes a
+// third of a second of CPU: on the start path it came out of runsc's boot
+// (150 ms of a cold `moat run` on 2 cores), and right after it, even at
+// the lowest priority, out of the first command (10-13 ms of a cold
+// `moat run -- true`). The gate asks sooner when it needs the answer.
+const discoveryDelay = time.Second
+
+// discoveryWait bounds how long a connection waits for the host's tools
+// before it is decided without what they would add. Each tool has 10 s;
+// they usually answer within a second.
+const discoveryWait = 5 * time.Second
+
+// settling is the gate's Options.Settling: a destination no rule decides
+// waits until the host's tools have answered (asking them now if that has
+// not started yet), at most discoveryWait.
+func (n *network) settling(ctx context.Context) bool {
+	select {
+	case <-n.settled:
+		return false
+	default:
+	}
+	if n.discover == nil {
+		return false
+	}
+	n.discover()
+	t := time.NewTimer(discoveryWait)
+	defer t.Stop()
+	select {
+	case <-n.settled:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
 }
 
 // startNetwork builds the gate. It fails if the policy does not compile:
@@ -241,19 +282,35 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		Audit:         al,
 		Ledger:        n.ledger,
 		Log:           d.log.With("component", "gate"),
+		Settling:      n.settling,
 	})
 	if o.DiscoverHost {
-		// The host's tools are asked once the sandbox runs, off the start
-		// path, and at the lowest CPU priority: `npm config get` alone
-		// takes a third of a second of CPU, which on a 2-core host came
-		// out of runsc's boot (150 ms of a cold `moat run`). Until they
-		// answer, the built-in list and the repositories read from files
-		// apply.
+		// The host's tools are asked off the start path, at the lowest
+		// CPU priority (see discoveryDelay). Until they answer, the
+		// built-in list and the repositories read from files apply, and
+		// a destination neither allows waits for them (settling): a
+		// registry only they know, GOPROXY in the environment say, is
+		// not refused to a first command or a set-up hook.
+		var once sync.Once
+		n.discover = func() {
+			once.Do(func() {
+				go func() {
+					defer close(n.settled)
+					n.discoverHost(ctx, d)
+				}()
+			})
+		}
 		go func() {
-			defer close(n.settled)
 			select {
 			case <-d.booted:
-				n.discoverHost(ctx, d)
+			case <-ctx.Done():
+				return
+			}
+			t := time.NewTimer(discoveryDelay)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				n.discover()
 			case <-ctx.Done():
 			}
 		}()

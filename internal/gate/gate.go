@@ -80,6 +80,13 @@ type Options struct {
 	// Holds is the interactive gate: undecided destinations wait there
 	// for a watcher's answer. Nil: nothing is ever held.
 	Holds *Holds
+	// Settling, when set, is what a destination no rule decides waits
+	// for before it is refused, held or let through in report mode: work
+	// that may still add rules (the daemon asking the host's tools for
+	// its package registries). It reports whether there was anything to
+	// wait for; the gate then decides again. It must return within a
+	// bound of its own and when ctx ends.
+	Settling func(ctx context.Context) bool
 	// Report starts the gate in report mode (see SetReport).
 	Report bool
 }

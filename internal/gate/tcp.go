@@ -96,18 +96,32 @@ type tcpTrace struct {
 	granted bool
 }
 
-// settle is a denied destination's last chance. In report mode it goes
-// through, audited would_deny. A destination no rule decided waits for a
-// watcher's answer, if anyone watches (or goes through while "allow
-// everything for an hour" lasts). A destination a rule blocks is never
-// held. It reports whether the connection may go on; the trace's record
-// says why either way.
+// settle is a denied destination's last chance. A destination no rule
+// decided is decided again once rules still on their way have come
+// (Options.Settling). Then, in report mode, it goes through, audited
+// would_deny; otherwise it waits for a watcher's answer, if anyone
+// watches (or goes through while "allow everything for an hour" lasts).
+// A destination a rule blocks is never held. It reports whether the
+// connection may go on; the trace's record says why either way.
 func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	if err := g.unaudited(); err != nil {
 		// Neither report mode nor a watcher lets through what could not
 		// be recorded.
 		t.rec.Reason = unrecordedReason(err)
 		return false
+	}
+	if t.dec.Rule == nil && g.o.Settling != nil && g.o.Settling(ctx) {
+		d := g.decideQuestion(q)
+		t.dec = d
+		t.rec.Rule, t.rec.Layer = ruleOf(d)
+		if d.Verdict == policy.Allow {
+			t.rec.Reason = ""
+			return true
+		}
+		if d.Rule != nil {
+			t.rec.Reason = "blocked by rule"
+			return false
+		}
 	}
 	if g.report.Load() {
 		t.wouldDeny = true
@@ -124,12 +138,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	if out.Allow {
 		// An answer that added a rule (run, always) decides like it;
 		// one that did not (once, hour) is named in the record.
-		var d policy.Decision
-		if q.Name != "" {
-			d = g.decideName(q.Name, q.Port)
-		} else {
-			d = g.decideAddr(q.Addr, q.Port)
-		}
+		d := g.decideQuestion(q)
 		t.dec = d
 		t.rec.Rule, t.rec.Layer = ruleOf(d)
 		if d.Verdict != policy.Allow {
@@ -152,6 +161,14 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 		t.rec.Reason = "held for a watcher, who left"
 	}
 	return false
+}
+
+// decideQuestion decides q by its name, or by its address when it has none.
+func (g *Gate) decideQuestion(q Question) policy.Decision {
+	if q.Name != "" {
+		return g.decideName(q.Name, q.Port)
+	}
+	return g.decideAddr(q.Addr, q.Port)
 }
 
 // verdict is an allowed flow's verdict: would_deny when only report mode

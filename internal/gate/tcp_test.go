@@ -427,6 +427,66 @@ func TestPoolAddressFollowsLiveAllow(t *testing.T) {
 	}
 }
 
+// TestSettlingDecidesAgain: a destination no rule decides waits for the
+// rules still on their way (the host's tools asked for their registries)
+// and is decided again; one a rule blocks never waits.
+func TestSettlingDecidesAgain(t *testing.T) {
+	a := loopback()
+	banner(t, a+":2222")
+	f := newFixture(t, map[string]string{"late.test": a, "never.test": a, "blocked.test": a}, []string{a}, []string{"blocked.test"})
+	var calls atomic.Int32
+	var add []string // what the next Settling adds to the policy
+	f.g.o.Settling = func(ctx context.Context) bool {
+		calls.Add(1)
+		if add == nil {
+			return false
+		}
+		rules := append(mustRules(t, policy.Allow, append([]string{a}, add...)...), mustRules(t, policy.Block, "blocked.test")...)
+		f.g.SetPolicy(policy.Compile(rules))
+		return true
+	}
+	dst := func(name string) string { return netip.AddrPortFrom(f.g.pool.Addr(name), 2222).String() }
+
+	// Nothing on its way: refused as before, after asking.
+	if r := f.flow(t, dst("late.test")); !r.refused || calls.Load() != 1 {
+		t.Fatalf("nothing settling: refused %v, Settling called %d times; want refused after one call", r.refused, calls.Load())
+	}
+	// The rule arrives while the connection waits: it goes through.
+	add = []string{"late.test"}
+	r := f.flow(t, dst("late.test"))
+	if !r.accepted {
+		t.Fatal("a name allowed by the rules that settled was refused")
+	}
+	r.guest.SetDeadline(time.Now().Add(3 * time.Second))
+	if b, _ := io.ReadAll(r.guest); !strings.HasPrefix(string(b), "SSH-2.0") {
+		t.Fatalf("banner %q", b)
+	}
+	r.guest.Close()
+	<-r.done // audited when it ends
+	// Settled without a rule for it: refused.
+	if r := f.flow(t, dst("never.test")); !r.refused {
+		t.Fatal("a name no settled rule allows went through")
+	}
+	// A block rule decides at once: no waiting.
+	before := calls.Load()
+	if r := f.flow(t, dst("blocked.test")); !r.refused || calls.Load() != before {
+		t.Fatalf("blocked name: refused %v, Settling called %d more times; want refused without waiting", r.refused, calls.Load()-before)
+	}
+
+	var late, never bool
+	for _, rec := range f.records(t) {
+		switch {
+		case rec.Name == "late.test" && rec.Verdict == "allow":
+			late = rec.Rule == "late.test"
+		case rec.Name == "never.test":
+			never = rec.Verdict == "deny" && rec.Rule == ""
+		}
+	}
+	if !late || !never {
+		t.Errorf("audit: late.test allowed by its rule %v, never.test denied with no rule %v", late, never)
+	}
+}
+
 func TestNoPolicyDeniesEverything(t *testing.T) {
 	g := New(Options{Sandbox: "sb"})
 	if d := g.decideName("anything.test", 443); d.Verdict != policy.Deny {
