@@ -128,7 +128,7 @@ Start here:
 		newUpCmd(), newDownCmd(), newDestroyCmd(),
 		newListCmd(), newStatusCmd(), newLogsCmd(),
 		newImageCmd(), newDoctorCmd(), newVersionCmd(),
-		newNetworkCmd(), newPolicyCmd(),
+		newNetworkCmd(), newPolicyCmd(), newSecretsCmd(),
 	)
 	root.AddCommand(newForwardCmd())
 	root.AddCommand(newSSHConfigCmd(), newSSHProxyCmd())

@@ -208,6 +208,50 @@ func (d *daemon) handlePreset(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, control.PresetAnswer{Schema: control.Schema, Placeholders: ph})
 }
 
+// handleSecretsRefresh reads the sandbox's secrets again (see
+// control.SecretsRefreshRequest): a rotated token, a password manager's
+// new answer, a file rewritten, without restarting the sandbox. The
+// placeholders stay; the values replaced stay scrubbed from responses.
+func (d *daemon) handleSecretsRefresh(w http.ResponseWriter, r *http.Request) {
+	var req control.SecretsRefreshRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "reading the request: " + err.Error()})
+		return
+	}
+	names, changed, err := d.refreshSecrets(r.Context(), req.Env)
+	if err != nil {
+		d.log.Warn("refreshing secrets", "err", err)
+		writeJSON(w, http.StatusConflict, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
+	d.log.Info("secrets refreshed", "secrets", names, "changed", changed)
+	writeJSON(w, http.StatusOK, control.SecretsRefreshAnswer{Schema: control.Schema, Refreshed: names, Changed: changed})
+}
+
+func (d *daemon) refreshSecrets(ctx context.Context, env map[string]string) (names, changed []string, err error) {
+	c := d.creds
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
+	defer cancel()
+	set := c.set()
+	changed, err = set.Refresh(rctx, d.lookupEnv(env))
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading secrets on the host (nothing changed): %w", err)
+	}
+	// The values the CLI handed over win from now on: a preset added
+	// later reads them too.
+	if d.o.SecretEnv == nil {
+		d.o.SecretEnv = map[string]string{}
+	}
+	for k, v := range env {
+		if v != "" {
+			d.o.SecretEnv[k] = v
+		}
+	}
+	return set.Names(), changed, nil
+}
+
 func (d *daemon) addPreset(ctx context.Context, name string, env map[string]string) (map[string]string, error) {
 	c := d.creds
 	c.mu.Lock()

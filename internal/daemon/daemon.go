@@ -524,6 +524,7 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("POST /v1/network/rules", d.handleChangeRules)
 	mux.HandleFunc("GET /v1/network/denials", d.handleDenials)
 	mux.HandleFunc("POST /v1/presets", d.handlePreset)
+	mux.HandleFunc("POST /v1/secrets/refresh", d.handleSecretsRefresh)
 	mux.HandleFunc("GET /v1/watch", d.handleWatch)
 	mux.HandleFunc("POST /v1/holds/{id}", d.handleAnswer)
 	mux.HandleFunc("POST /v1/policies/reload", d.handleReloadPolicies)

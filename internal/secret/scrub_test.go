@@ -263,9 +263,12 @@ func TestRefreshScrubsRetired(t *testing.T) {
 	e := testEnv()
 	s := mustResolve(t, testSecrets(), e)
 	ph := s.Placeholders()
+	if changed, err := s.Refresh(t.Context(), env(e)); err != nil || len(changed) != 0 {
+		t.Fatalf("Refresh with the same values = %v, %v; want nothing changed", changed, err)
+	}
 	e["API_KEY"] = "sk-rotated-value-000000000"
-	if err := s.Refresh(t.Context(), env(e)); err != nil {
-		t.Fatal(err)
+	if changed, err := s.Refresh(t.Context(), env(e)); err != nil || strings.Join(changed, ",") != "API_KEY" {
+		t.Fatalf("Refresh = %v, %v; want API_KEY changed", changed, err)
 	}
 	if got := s.Placeholders(); got["API_KEY"] != ph["API_KEY"] {
 		t.Errorf("placeholder changed on refresh")
@@ -279,7 +282,7 @@ func TestRefreshScrubsRetired(t *testing.T) {
 	}
 	// A failed refresh changes nothing.
 	delete(e, "GH")
-	if err := s.Refresh(t.Context(), env(e)); !errors.Is(err, ErrUnavailable) {
+	if _, err := s.Refresh(t.Context(), env(e)); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("Refresh = %v, want ErrUnavailable", err)
 	}
 	h = http.Header{"Authorization": {"Bearer " + ph["GH_TOKEN"]}}

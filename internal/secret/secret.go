@@ -168,24 +168,31 @@ func ResolveWith(ctx context.Context, secrets map[string]config.Secret, lookupEn
 }
 
 // Refresh reads every value again and publishes them together, keeping
-// the placeholders. If any value cannot be read, nothing changes and the
-// error says which. Requests and bodies already in flight finish with the
+// the placeholders, and returns the names of the secrets whose value
+// changed. If any value cannot be read, nothing changes and the error
+// says which. Requests and bodies already in flight finish with the
 // values they started with.
-func (s *Set) Refresh(ctx context.Context, lookupEnv func(string) (string, bool)) error {
+func (s *Set) Refresh(ctx context.Context, lookupEnv func(string) (string, bool)) (changed []string, err error) {
 	if s == nil || s.st == nil {
-		return nil
+		return nil, nil
 	}
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
 	s.st.refreshMu.Lock()
 	defer s.st.refreshMu.Unlock()
-	snap, err := s.st.read(ctx, lookupEnv, s.st.snap.Load())
+	old := s.st.snap.Load()
+	snap, err := s.st.read(ctx, lookupEnv, old)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	s.st.snap.Store(snap)
-	return nil
+	for i := range s.st.defs {
+		if string(old.values[i]) != string(snap.values[i]) {
+			changed = append(changed, s.st.defs[i].name)
+		}
+	}
+	return changed, nil
 }
 
 // read reads all values into a new snapshot; old, if any, supplies the

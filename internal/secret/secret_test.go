@@ -358,7 +358,7 @@ func TestConcurrentRefresh(t *testing.T) {
 		// request and its answer would retire it (a known limit, in the README).
 		for i := range maxRetired {
 			v := fmt.Sprintf("sk-rotated-%04d-%s", i, strings.Repeat("z", 20))
-			if err := s.Refresh(context.Background(), env(map[string]string{"API_KEY": v, "GH": otherValue, "MAPS": "maps-value-12345"})); err != nil {
+			if _, err := s.Refresh(context.Background(), env(map[string]string{"API_KEY": v, "GH": otherValue, "MAPS": "maps-value-12345"})); err != nil {
 				t.Error(err)
 				return
 			}

@@ -54,7 +54,7 @@ const (
 	streamRunBound = 100 * time.Second
 )
 
-// tlsToml is the sandbox's policy; %s is the test CA's path.
+// tlsToml is the sandbox's policy; the %q are the test CA's path and MOAT_FILEKEY's file.
 const tlsToml = `[network]
 use = ["none"]
 allow = ["up.test", "splice.test", "bound.test", "GET,HEAD ro.test/*"]
@@ -71,24 +71,37 @@ require = true
 [secrets.MOAT_UPKEY]
 from = "env:MOAT_TEST_UPKEY"
 hosts = ["up.test"]
+
+[secrets.MOAT_FILEKEY]
+from = "file:%s"
+hosts = ["up.test"]
+header = "x-file-key"
 `
 
 // tlsEnv is the sandbox of TestTLS and the test internet around it.
 type tlsEnv struct {
 	*gateEnv
 	canary, upkey string // the secrets' real values: only the host may ever hold them
-	gitRoot       string
-	hwmStart      int64 // the daemon's VmHWM right after start, bytes
+	// fileKey is MOAT_FILEKEY's file, outside the workspace; fileKeys every value it held.
+	fileKey  string
+	fileKeys []string
+	gitRoot  string
+	hwmStart int64 // the daemon's VmHWM right after start, bytes
 }
 
 func newTLSEnv(t *testing.T) *tlsEnv {
 	t.Helper()
 	n := inet.Start(t)
 	e := &tlsEnv{canary: "mc" + randHex(t, 20), upkey: "mu" + randHex(t, 20), gitRoot: t.TempDir()}
+	e.fileKey = filepath.Join(t.TempDir(), "filekey")
+	e.fileKeys = []string{"mf" + randHex(t, 20)}
+	if err := os.WriteFile(e.fileKey, []byte(e.fileKeys[0]+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	inet.GitRepo(t, e.gitRoot, "repo.git", map[string]string{"README": "cloned through the gate\n"})
 	g := newGateEnv(t, n, "tls-e2e", "")
 	e.gateEnv = g
-	if err := os.WriteFile(filepath.Join(g.dir, "moat.toml"), []byte(fmt.Sprintf(tlsToml, g.ca)), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(g.dir, "moat.toml"), []byte(fmt.Sprintf(tlsToml, g.ca, e.fileKey)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	g.env = append(g.env, "MOAT_TEST_CANARY="+e.canary, "MOAT_TEST_UPKEY="+e.upkey)
@@ -140,6 +153,7 @@ func TestTLS(t *testing.T) {
 		{"sse_one_by_one", e.testSSE},
 		{"get_only_rule_refuses_post", e.testGetOnly},
 		{"canary_swapped_only_for_bound_host", e.testCanary},
+		{"secrets_refresh", e.testRefresh},
 		{"stream_200MiB_both_ways", e.testStream},
 		// Last: after every other check has had its chance to leave a value somewhere.
 		{"canary_nowhere", e.testNowhere},
@@ -486,6 +500,79 @@ c NONE https://bound.test/echo
 }
 
 // redact replaces the real value in s, so a failure message never prints it.
+// testRefresh: `moat secrets refresh` reads a running sandbox's secrets again. The file behind
+// MOAT_FILEKEY is rewritten; the next request to up.test carries the new value for the same
+// placeholder, and the echo brings the guest the placeholder only. A source that cannot be read
+// fails the refresh, names the secret, and leaves the values as they were.
+func (e *tlsEnv) testRefresh(t *testing.T) {
+	up := e.srv["up:443"]
+	fileKeyAt := func(value string) func() bool {
+		return func() bool {
+			for _, r := range up.Requests() {
+				if r.Header.Get("X-File-Key") == value {
+					return true
+				}
+			}
+			return false
+		}
+	}
+	o := filepath.Join(e.dir, "out", "refresh")
+	ask := func(t *testing.T, tag string) (ph, head string) {
+		t.Helper()
+		out := e.guest(t, tlsRunBound, fmt.Sprintf(`o=%s; mkdir -p $o; echo "PH=$MOAT_FILEKEY"
+curl -sS --max-time 10 -o $o/%s.echo -D $o/%s.echo -H "X-File-Key: $MOAT_FILEKEY" https://up.test/echo`, shQuote(o), tag, tag))
+		b, _ := os.ReadFile(filepath.Join(o, tag+".echo"))
+		return fields(out)["PH"], string(b)
+	}
+	ph, _ := ask(t, "before")
+	if ph == "" || !fileKeyAt(e.fileKeys[0])() {
+		t.Fatalf("before the refresh: placeholder %q; up.test did not receive the file's first value", ph)
+	}
+
+	second := "mf" + randHex(t, 20)
+	e.fileKeys = append(e.fileKeys, second)
+	if err := os.WriteFile(e.fileKey, []byte(second+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := moat(t, e.dir, e.env, "secrets", "refresh", e.name)
+	if r.code != 0 || !strings.Contains(r.stdout, "MOAT_FILEKEY") || !strings.Contains(r.stdout, "changed: MOAT_FILEKEY)") {
+		t.Fatalf("moat secrets refresh: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	ph2, echo := ask(t, "after")
+	if ph2 != ph {
+		t.Errorf("the placeholder changed on refresh: %q, then %q", ph, ph2)
+	}
+	if !fileKeyAt(second)() {
+		t.Errorf("after the refresh up.test did not receive the file's new value")
+	}
+	for i, v := range e.fileKeys {
+		if strings.Contains(echo, v) {
+			t.Errorf("LEAK: the echo brought value %d of MOAT_FILEKEY back to the guest", i+1)
+		}
+	}
+	if !strings.Contains(echo, ph) {
+		t.Errorf("up.test's echo does not carry the placeholder back: %q", gateClip(echo, 600))
+	}
+
+	// A source that cannot be read: the refresh fails naming it, and nothing changes.
+	if err := os.Remove(e.fileKey); err != nil {
+		t.Fatal(err)
+	}
+	r = moat(t, e.dir, e.env, "secrets", "refresh", e.name)
+	if r.code == 0 || !strings.Contains(r.stderr, "MOAT_FILEKEY") || !strings.Contains(r.stderr, "nothing changed") {
+		t.Errorf("refresh with the file gone: exit %d, stderr %q; want a failure naming MOAT_FILEKEY and saying nothing changed", r.code, r.stderr)
+	}
+	before := len(up.Requests())
+	ask(t, "failed")
+	got := up.Requests()
+	if len(got) <= before || got[len(got)-1].Header.Get("X-File-Key") != second {
+		t.Errorf("after a failed refresh up.test did not receive the value from before it")
+	}
+	if err := os.WriteFile(e.fileKey, []byte(second+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func redact(s, value string) string {
 	return strings.ReplaceAll(s, value, "<REAL VALUE>")
 }
@@ -570,6 +657,9 @@ func statusBytes(t *testing.T, pid int, field string) int64 {
 // environment or arguments of moat's own processes on the host.
 func (e *tlsEnv) testNowhere(t *testing.T) {
 	values := map[string]string{"MOAT_CANARY": e.canary, "MOAT_UPKEY": e.upkey}
+	for i, v := range e.fileKeys {
+		values[fmt.Sprintf("MOAT_FILEKEY (value %d)", i+1)] = v
+	}
 	// On the host: every file under MOAT_HOME and the workspace.
 	for _, root := range []string{moatHome, e.dir} {
 		files, scanned, hits := scanTree(t, root, values)
