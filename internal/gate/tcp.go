@@ -104,13 +104,9 @@ type tcpTrace struct {
 // A destination a rule blocks is never held. It reports whether the
 // connection may go on; the trace's record says why either way.
 func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
-	if err := g.unaudited(); err != nil {
-		// Neither report mode nor a watcher lets through what could not
-		// be recorded.
-		t.rec.Reason = unrecordedReason(err)
-		return false
-	}
 	if t.dec.Rule == nil && g.o.Settling != nil && g.o.Settling(ctx) {
+		// Decided again by the live policy, which allows nothing while
+		// the audit log fails.
 		d := g.decideQuestion(q)
 		t.dec = d
 		t.rec.Rule, t.rec.Layer = ruleOf(d)
@@ -122,6 +118,13 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 			t.rec.Reason = "blocked by rule"
 			return false
 		}
+	}
+	// After any wait: the log may have failed meanwhile.
+	if err := g.unaudited(); err != nil {
+		// Neither report mode nor a watcher lets through what could not
+		// be recorded.
+		t.rec.Reason = unrecordedReason(err)
+		return false
 	}
 	if g.report.Load() {
 		t.wouldDeny = true
