@@ -1,9 +1,11 @@
 package gate
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -65,4 +67,56 @@ func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {
 	if r := f.flow(t, a+":2222"); !r.accepted {
 		t.Fatal("the allowed destination is still refused after the audit log recovered")
 	}
+}
+
+// A flow that waits for rules on their way (Settling) is checked against
+// the audit log after the wait: report mode must not let through, as
+// would_deny, a flow the log could no longer record.
+func TestSettlingThenAuditLogFailing(t *testing.T) {
+	dir := testfs.Small(t, "2m")
+	a := loopback()
+	banner(t, a+":2222")
+	f := newFixture(t, map[string]string{"undecided.test": a}, []string{a + "/32"}, nil)
+	al, err := audit.Open(filepath.Join(dir, "audit.jsonl"), 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer al.Close()
+	f.g.o.Audit = al
+	f.g.SetReport(true)
+	dst := netip.AddrPortFrom(f.g.pool.Addr("undecided.test"), 2222).String()
+	if r := f.flow(t, dst); !r.accepted {
+		t.Fatal("report mode refused an undecided destination with room on the disk")
+	}
+
+	// The disk fills while the flow waits.
+	var filler string
+	f.g.o.Settling = func(context.Context) bool {
+		filler = testfs.Fill(t, dir)
+		for i := 0; al.Failing() == nil && i < 500; i++ {
+			al.Write(audit.Record{Proto: "tcp", Verdict: audit.Allow, Name: "filling.test"})
+			time.Sleep(10 * time.Millisecond)
+		}
+		return true
+	}
+	r := f.flow(t, dst)
+	if al.Failing() == nil {
+		t.Fatal("the audit log did not fail on a full disk: the check below would prove nothing")
+	}
+	if r.accepted || !r.refused {
+		t.Fatalf("report mode, the log failing during the wait: accepted=%v refused=%v, want refused", r.accepted, r.refused)
+	}
+	// Refused by settle for the log, not let through and then refused at
+	// the dial (the upstream's loopback class, closed with no policy):
+	// an upstream of an ordinary class would have been dialed.
+	var reason string
+	for _, e := range f.ledger.Entries() {
+		if e.Name == "undecided.test" {
+			reason = e.Reason
+		}
+	}
+	if !strings.Contains(reason, "audit log cannot be written") {
+		t.Errorf("the flow's latest denial says %q; want it refused for the audit log", reason)
+	}
+	os.Remove(filler)
 }
