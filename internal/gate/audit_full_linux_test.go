@@ -106,6 +106,7 @@ func TestSettlingThenAuditLogFailing(t *testing.T) {
 	if r.accepted || !r.refused {
 		t.Fatalf("report mode, the log failing during the wait: accepted=%v refused=%v, want refused", r.accepted, r.refused)
 	}
+	<-r.done // the denial is counted after the refusal
 	// Refused by settle for the log, not let through and then refused at
 	// the dial (the upstream's loopback class, closed with no policy):
 	// an upstream of an ordinary class would have been dialed.

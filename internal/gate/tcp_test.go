@@ -466,6 +466,8 @@ func TestSettlingDecidesAgain(t *testing.T) {
 	// Settled without a rule for it: refused.
 	if r := f.flow(t, dst("never.test")); !r.refused {
 		t.Fatal("a name no settled rule allows went through")
+	} else {
+		<-r.done // audited after the refusal
 	}
 	// A block rule decides at once: no waiting.
 	before := calls.Load()
