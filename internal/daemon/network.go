@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -195,6 +196,9 @@ type network struct {
 	// (settling). Nil when the host's tools are not asked.
 	settled  chan struct{}
 	discover func()
+	// late is set when a connection waited discoveryWait for the tools
+	// in vain: later ones no longer wait for them.
+	late atomic.Bool
 }
 
 // discoveryDelay is how long after the start the host's tools are asked
@@ -207,19 +211,21 @@ const discoveryDelay = time.Second
 
 // discoveryWait bounds how long a connection waits for the host's tools
 // before it is decided without what they would add. Each tool has 10 s;
-// they usually answer within a second.
-const discoveryWait = 5 * time.Second
+// they usually answer within a second. A variable for tests.
+var discoveryWait = 5 * time.Second
 
 // settling is the gate's Options.Settling: a destination no rule decides
 // waits until the host's tools have answered (asking them now if that has
-// not started yet), at most discoveryWait.
+// not started yet), at most discoveryWait. Once one connection has waited
+// that long in vain, the others are decided at once: tools that hang
+// must not make every refusal take seconds.
 func (n *network) settling(ctx context.Context) bool {
 	select {
 	case <-n.settled:
 		return false
 	default:
 	}
-	if n.discover == nil {
+	if n.discover == nil || n.late.Load() {
 		return false
 	}
 	n.discover()
@@ -229,6 +235,7 @@ func (n *network) settling(ctx context.Context) bool {
 	case <-n.settled:
 		return true
 	case <-t.C:
+		n.late.Store(true)
 	case <-ctx.Done():
 	}
 	return false

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/policy"
@@ -86,5 +88,56 @@ func TestApplyRuleChange(t *testing.T) {
 		if strings.Join(rt.Allow, " ") != s.allow || strings.Join(rt.Block, " ") != s.block {
 			t.Fatalf("%s %v: allow %v block %v, want %q %q", s.op, s.entries, rt.Allow, rt.Block, s.allow, s.block)
 		}
+	}
+}
+
+// TestSettling: a connection no rule decides waits for the host's tools
+// (asking them if nobody has yet) and then is decided again; once they are
+// done, nobody waits; and once one connection has waited discoveryWait in
+// vain, the others do not wait for tools that hang.
+func TestSettling(t *testing.T) {
+	old := discoveryWait
+	discoveryWait = 200 * time.Millisecond
+	t.Cleanup(func() { discoveryWait = old })
+
+	// Tools that answer: the first connection asks them and waits.
+	n := &network{settled: make(chan struct{})}
+	asked := 0
+	n.discover = func() {
+		asked++
+		if asked == 1 {
+			go func() { time.Sleep(20 * time.Millisecond); close(n.settled) }()
+		}
+	}
+	if !n.settling(context.Background()) || asked != 1 {
+		t.Fatalf("tools answering: settling did not wait for them (asked %d times)", asked)
+	}
+	start := time.Now()
+	if n.settling(context.Background()) || time.Since(start) > 50*time.Millisecond {
+		t.Fatal("after the tools answered: settling still waited")
+	}
+
+	// Tools that hang: the first connection waits discoveryWait, the next not at all.
+	n = &network{settled: make(chan struct{}), discover: func() {}}
+	start = time.Now()
+	if n.settling(context.Background()) || time.Since(start) < discoveryWait {
+		t.Fatalf("hanging tools: settling returned after %v, want false after %v", time.Since(start), discoveryWait)
+	}
+	start = time.Now()
+	if n.settling(context.Background()) || time.Since(start) > 50*time.Millisecond {
+		t.Fatalf("hanging tools, second connection: waited %v, want no wait", time.Since(start))
+	}
+
+	// Not asking the host's tools at all: nothing to wait for.
+	n = &network{settled: make(chan struct{})}
+	if n.settling(context.Background()) {
+		t.Fatal("without discovery settling reported a wait")
+	}
+	// A connection that goes away stops waiting.
+	n = &network{settled: make(chan struct{}), discover: func() {}}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n.settling(ctx) || n.late.Load() {
+		t.Fatal("a cancelled wait counted as the tools being late")
 	}
 }
