@@ -343,7 +343,12 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	cmd := exec.Command(e.exe, "__daemon", dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	environ, values, err := secretEnviron(dir)
+	rec, err := state.Load(dir)
+	if err != nil {
+		wr.Close()
+		return nil, err
+	}
+	environ, values, err := secretEnviron(rec)
 	if err != nil {
 		wr.Close()
 		return nil, err
@@ -405,17 +410,12 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 
 // secretEnviron is the daemon's environment: this one without the
 // variables the sandbox's secrets are read from, whose values go to the
-// daemon on a pipe instead (see daemon.ReadHandover).
-func secretEnviron(dir string) ([]string, map[string]string, error) {
-	rec, err := state.Load(dir)
+// daemon on a pipe instead (see daemon.ReadHandover), or with `moat secrets
+// refresh` over its control socket.
+func secretEnviron(rec *state.Record) ([]string, map[string]string, error) {
+	cfg, err := snapshot(rec)
 	if err != nil {
 		return nil, nil, err
-	}
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return nil, nil, fmt.Errorf("reading the configuration snapshot: %w", err)
-		}
 	}
 	rest, values := daemon.SplitEnv(os.Environ(), daemon.SecretVars(cfg.Secrets, rec.Presets))
 	return rest, values, nil

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/state"
 )
 
@@ -52,15 +50,10 @@ cannot be read, nothing changes and the error names the secret and its source.`,
 			if rec.State != state.StateRunning || !state.DaemonAlive(dir) {
 				return codef(ExitError, "sandbox %q is not running: its secrets are read when it starts (moat up %s)", rec.Name, rec.Name)
 			}
-			cfg, err := snapshot(rec)
+			// The values a start would hand over.
+			_, vals, err := secretEnviron(rec)
 			if err != nil {
 				return err
-			}
-			vals := map[string]string{}
-			for _, k := range daemon.SecretVars(cfg.Secrets, rec.Presets) {
-				if v, ok := os.LookupEnv(k); ok && v != "" {
-					vals[k] = v
-				}
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

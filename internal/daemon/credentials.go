@@ -239,8 +239,14 @@ func (d *daemon) refreshSecrets(ctx context.Context, env map[string]string) (nam
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading secrets on the host (nothing changed): %w", err)
 	}
-	// The values the CLI handed over win from now on: a preset added
-	// later reads them too.
+	d.keepSecretEnv(env)
+	return set.Names(), changed, nil
+}
+
+// keepSecretEnv makes the values of secrets' variables a CLI handed over
+// (a newly exported or rotated one) win from now on, over those the
+// sandbox started with. Callers hold d.creds.mu.
+func (d *daemon) keepSecretEnv(env map[string]string) {
 	if d.o.SecretEnv == nil {
 		d.o.SecretEnv = map[string]string{}
 	}
@@ -249,7 +255,6 @@ func (d *daemon) refreshSecrets(ctx context.Context, env map[string]string) (nam
 			d.o.SecretEnv[k] = v
 		}
 	}
-	return set.Names(), changed, nil
 }
 
 func (d *daemon) addPreset(ctx context.Context, name string, env map[string]string) (map[string]string, error) {
@@ -276,11 +281,7 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 		}
 	}
 	lookup := d.lookupEnv(env)
-	for k, v := range env { // a newly exported or rotated value wins from now on
-		if v != "" {
-			d.o.SecretEnv[k] = v
-		}
-	}
+	d.keepSecretEnv(env)
 	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
 	defer cancel()
 	old := c.set()
