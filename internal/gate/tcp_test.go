@@ -464,11 +464,11 @@ func TestSettlingDecidesAgain(t *testing.T) {
 	r.guest.Close()
 	<-r.done // audited when it ends
 	// Settled without a rule for it: refused.
-	if r := f.flow(t, dst("never.test")); !r.refused {
+	r = f.flow(t, dst("never.test"))
+	if !r.refused {
 		t.Fatal("a name no settled rule allows went through")
-	} else {
-		<-r.done // audited after the refusal
 	}
+	<-r.done // audited after the refusal
 	// A block rule decides at once: no waiting.
 	before := calls.Load()
 	if r := f.flow(t, dst("blocked.test")); !r.refused || calls.Load() != before {

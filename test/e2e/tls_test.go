@@ -506,15 +506,13 @@ c NONE https://bound.test/echo
 // fails the refresh, names the secret, and leaves the values as they were.
 func (e *tlsEnv) testRefresh(t *testing.T) {
 	up := e.srv["up:443"]
-	fileKeyAt := func(value string) func() bool {
-		return func() bool {
-			for _, r := range up.Requests() {
-				if r.Header.Get("X-File-Key") == value {
-					return true
-				}
+	received := func(value string) bool {
+		for _, r := range up.Requests() {
+			if r.Header.Get("X-File-Key") == value {
+				return true
 			}
-			return false
 		}
+		return false
 	}
 	o := filepath.Join(e.dir, "out", "refresh")
 	ask := func(t *testing.T, tag string) (ph, head string) {
@@ -525,7 +523,7 @@ curl -sS --max-time 10 -o $o/%s.echo -D $o/%s.echo -H "X-File-Key: $MOAT_FILEKEY
 		return fields(out)["PH"], string(b)
 	}
 	ph, _ := ask(t, "before")
-	if ph == "" || !fileKeyAt(e.fileKeys[0])() {
+	if ph == "" || !received(e.fileKeys[0]) {
 		t.Fatalf("before the refresh: placeholder %q; up.test did not receive the file's first value", ph)
 	}
 
@@ -542,7 +540,7 @@ curl -sS --max-time 10 -o $o/%s.echo -D $o/%s.echo -H "X-File-Key: $MOAT_FILEKEY
 	if ph2 != ph {
 		t.Errorf("the placeholder changed on refresh: %q, then %q", ph, ph2)
 	}
-	if !fileKeyAt(second)() {
+	if !received(second) {
 		t.Errorf("after the refresh up.test did not receive the file's new value")
 	}
 	for i, v := range e.fileKeys {
