@@ -15,7 +15,14 @@ proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
 # runsc pins an empty network namespace for its gofers with a bind mount in
 # its root directory (null-netns); the bare runs' root is on the host.
 unpin() { while umount -l "$bare/state/null-netns" 2>/dev/null; do :; done; }
-trap '"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true; unpin; rm -rf "$MOAT_HOME" "$(dirname "$proj")" "$bare" "$barego"' EXIT
+bare= barego= idle=
+cleanup() {
+	"$MOAT" destroy --yes benchproj >/dev/null 2>&1 || true
+	[ -z "$bare" ] || "$RUNSC" --root="$bare/state" delete --force bareidle >/dev/null 2>&1 || true
+	unpin
+	rm -rf "$MOAT_HOME" "$(dirname "$proj")" $bare $barego $idle
+}
+trap cleanup EXIT
 
 # Other sandboxes share runsc's and moat's text with this one's processes,
 # which lowers the PSS measured below: say so with the figures.
@@ -34,10 +41,13 @@ cat > "$bare/config.json" <<JSON
  "linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"},{"type":"network"}]}}
 JSON
 rflags=(--root="$bare/state" --platform=systrap --network=none --ignore-cgroups)
-# The same, running moat's own binary (`moat version`): what starting the
-# guest's init, that same static Go binary, costs inside gVisor.
-barego=$(mktemp -d /tmp/moat-bench-barego-XXXX)
-sed 's|"args":\["/bin/true"\]|"args":["'"$MOAT"'","version"]|' "$bare/config.json" > "$barego/config.json"
+# variant ARGS: a bundle like the bare one running ARGS (a JSON list); prints its directory.
+variant() { local d; d=$(mktemp -d /tmp/moat-bench-bare-XXXX); sed 's|"args":\["/bin/true"\]|"args":'"$1"'|' "$bare/config.json" > "$d/config.json"; echo "$d"; }
+# The same running moat's own binary (`moat version`): what starting the
+# guest's init, that same static Go binary, costs inside gVisor; and
+# running sleep, for the runtime's own idle memory.
+barego=$(variant '["'"$MOAT"'","version"]')
+idle=$(variant '["/bin/sleep","1000"]')
 
 # The bare run goes first in each pair, right after the destroy: a running
 # sandbox's daemon keeps working after `moat run` returns (it asks the host's
@@ -96,8 +106,6 @@ cli_start=$(for i in $(seq "$N"); do t=$(date +%s%N); "$MOAT" version >/dev/null
 # sleep, idle, measured the same way once moat's sandbox is gone (they
 # would share runsc's text, which lowers both).
 "$MOAT" destroy --yes benchproj >/dev/null 2>&1
-idle=$(mktemp -d /tmp/moat-bench-idle-XXXX)
-sed 's|"args":\["/bin/true"\]|"args":["/bin/sleep","1000"]|' "$bare/config.json" > "$idle/config.json"
 "$RUNSC" "${rflags[@]}" run --detach --bundle="$idle" bareidle >/dev/null
 sleep 2
 sandbox=$("$RUNSC" "${rflags[@]}" state bareidle | sed -n 's/^ *"pid": \([0-9]*\),*$/\1/p')
@@ -107,7 +115,6 @@ bare_pss=$pss_kb bare_spaces=${#spaces[@]} bare_pids=${#pids[@]}
 "$RUNSC" "${rflags[@]}" kill bareidle KILL >/dev/null 2>&1 || true
 sleep 0.5
 "$RUNSC" "${rflags[@]}" delete --force bareidle >/dev/null 2>&1 || true
-rm -rf "$idle"
 
 cm=$(printf '%s\n' "${cold_moat[@]}" | median); cb=$(printf '%s\n' "${cold_bare[@]}" | median)
 cg=$(printf '%s\n' "${cold_barego[@]}" | median)
