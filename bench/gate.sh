@@ -4,7 +4,9 @@
 # a sandbox (through the gate). Prints medians of R rounds and ratios, the
 # same operations kept inside the guest ("guest lo": what gVisor alone
 # costs) and the gate's turnaround seen on tap0 (its share, none of the
-# guest's). Needs root and ./scripts/setup.sh. Talks only to a test network
+# guest's), and the floor: the same probe in a bare runsc sandbox that
+# runsc networks itself over a veth into the test network (gVisor alone, no
+# daemon, no gate). Needs root and ./scripts/setup.sh. Talks only to a test network
 # namespace.
 #   R=3 (rounds)  SIZE_MIB=1024 (download)  READ_KIB=1024 (the client's read size)
 #   CONNECTS=1000  PARALLEL=1000

@@ -5,7 +5,10 @@
 # splicing them. Prints medians of R rounds: 1 GiB download throughput and
 # ratios (targets: intercepted >= 0.3 of direct, spliced >= 0.5), and TLS
 # handshake latency p50/p99 through interception (new name: a leaf is
-# minted; cached name) against splicing. Needs root and ./scripts/setup.sh.
+# minted; cached name) against splicing. The floor under both: the same
+# probe in a bare runsc sandbox that runsc networks itself over a veth into
+# the test internet (gVisor alone, no gate, TLS end to end). Needs root
+# and ./scripts/setup.sh.
 # Talks only to a test network namespace.
 #   R=3 (rounds)  SIZE_MIB=1024 (download)  HANDSHAKES=200 (per figure and round)
 set -euo pipefail

@@ -62,6 +62,10 @@ func TestBenchGate(t *testing.T) {
 	daemonPID := sandboxDaemon(t, "benchgate")
 	netns := sandboxNetns(t, daemonPID)
 	netDev := filepath.Join(filepath.Dir(filepath.Dir(netns)), "net", "dev")
+	bare := startBare(t, n)
+	bared := func(args ...string) map[string]float64 {
+		return decode(t, bare.run(t, append([]string{probe}, args...)...))
+	}
 
 	direct := func(args ...string) map[string]float64 {
 		out, err := exec.Command(probe, args...).Output()
@@ -87,12 +91,12 @@ func TestBenchGate(t *testing.T) {
 	}
 	bytes := strconv.Itoa(sizeMiB << 20)
 	kib := strconv.Itoa(readKiB)
-	var dlD, dlG, dlL []float64
+	var dlD, dlG, dlL, dlB []float64
 	var cpuDaemon, cpuRuntime, cpuUp []float64 // CPU seconds per GiB of the gated download
 	var toGuest, fromGuest []float64           // tap0 frames per MiB of the gated download
-	var cD50, cD99, cG50, cG99, cL50, cL99, cT50, cT99 []float64
-	var pD, pG, pL, pRe []float64
-	var dnsC50, dnsC99, dnsL50, dnsT50, dnsT99, dnsD50, dnsU50, dnsUT50 []float64
+	var cD50, cD99, cG50, cG99, cL50, cL99, cT50, cT99, cB50, cB99 []float64
+	var pD, pG, pL, pRe, pB []float64
+	var dnsC50, dnsC99, dnsL50, dnsT50, dnsT99, dnsD50, dnsU50, dnsUT50, dnsB50, dnsB99 []float64
 	var rfD50, rfL50, rfP50, rfP99, rfPT50, rfPT99, rfC50, rfCT50, rfCT99 []float64
 	load := func() string {
 		b, _ := os.ReadFile("/proc/loadavg")
@@ -115,6 +119,8 @@ func TestBenchGate(t *testing.T) {
 		dlD = append(dlD, d["bytes"]/d["seconds"]/(1<<20))
 		dlG = append(dlG, g["bytes"]/g["seconds"]/(1<<20))
 		dlL = append(dlL, l["bytes"]/l["seconds"]/(1<<20))
+		b := bared("get", "http://198.51.100.10/bytes?n="+bytes, kib)
+		dlB = append(dlB, b["bytes"]/b["seconds"]/(1<<20))
 
 		d = direct("connect", "198.51.100.11:9000", strconv.Itoa(connects))
 		g, tt := tapped("connect", "tcp.bench.test:9000", strconv.Itoa(connects))
@@ -123,6 +129,8 @@ func TestBenchGate(t *testing.T) {
 		cG50, cG99 = append(cG50, g["p50_us"]), append(cG99, g["p99_us"])
 		cL50, cL99 = append(cL50, l["p50_us"]), append(cL99, l["p99_us"])
 		cT50, cT99 = append(cT50, pctUS(tt.synAck, 0.5)), append(cT99, pctUS(tt.synAck, 0.99))
+		b = bared("connect", "198.51.100.11:9000", strconv.Itoa(connects))
+		cB50, cB99 = append(cB50, b["p50_us"]), append(cB99, b["p99_us"])
 
 		d = direct("parallel", "198.51.100.11:9000", strconv.Itoa(par))
 		g = gated("parallel", "tcp.bench.test:9000", strconv.Itoa(par))
@@ -131,12 +139,19 @@ func TestBenchGate(t *testing.T) {
 			t.Errorf("parallel connects failed: direct %v, gated %v", d["failed"], g["failed"])
 		}
 		pD, pG, pL, pRe = append(pD, d["ms"]), append(pG, g["ms"]), append(pL, l["ms"]), append(pRe, g["retrans"])
+		b = bared("parallel", "198.51.100.11:9000", strconv.Itoa(par))
+		if b["failed"] > 0 {
+			t.Errorf("parallel connects failed in the bare sandbox: %v", b["failed"])
+		}
+		pB = append(pB, b["ms"])
 
 		g, tt = tapped("dns", "10.88.0.1:53", "dl.bench.test", "1000")
 		dnsC50, dnsC99 = append(dnsC50, g["p50_us"]), append(dnsC99, g["p99_us"])
 		dnsT50, dnsT99 = append(dnsT50, pctUS(tt.dns, 0.5)), append(dnsT99, pctUS(tt.dns, 0.99))
 		l = gated("dns", "local", "dl.bench.test", "1000")
 		dnsL50 = append(dnsL50, l["p50_us"])
+		b = bared("dns", n.DNS.String(), "dl.bench.test", "1000")
+		dnsB50, dnsB99 = append(dnsB50, b["p50_us"]), append(dnsB99, b["p99_us"])
 		d = direct("dns", n.DNS.String(), "u0-%d.bench.test", "100")
 		dnsD50 = append(dnsD50, d["p50_us"])
 		g, tt = tapped("dns", "10.88.0.1:53", fmt.Sprintf("u%d-%%d.bench.test", r), "100")
@@ -158,6 +173,7 @@ func TestBenchGate(t *testing.T) {
 	t.Logf("rounds: %d, medians; load %s before, %s after (2 CPUs)", rounds, loadBefore, load())
 	t.Logf("download %d MiB, %d KiB reads   gate %5.0f MiB/s   direct %5.0f MiB/s   ratio %.2f (target >= 0.5)   guest lo %5.0f MiB/s",
 		sizeMiB, readKiB, m(dlG), m(dlD), m(dlG)/m(dlD), m(dlL))
+	t.Logf("                  bare runsc %5.0f MiB/s   ratio %.2f (gVisor's own network to the same upstream, no gate)", m(dlB), m(dlB)/m(dlD))
 	t.Logf("                  CPU s/GiB through the gate: daemon %.2f   runsc and guest %.2f   test upstream %.2f (the probe's CLI session included in runsc and guest)",
 		m(cpuDaemon), m(cpuRuntime), m(cpuUp))
 	t.Logf("                  tap0 frames per MiB: %.1f to the guest, %.1f from it (ACKs)", m(toGuest), m(fromGuest))
@@ -165,16 +181,39 @@ func TestBenchGate(t *testing.T) {
 		connects, m(cG50), m(cG99), m(cD50), m(cD99), (m(cG50)-m(cD50))/1000)
 	t.Logf("                  tap0 SYN->SYN-ACK p50 %5.0f us p99 %5.0f us (decision, upstream dial, both TAP hops)   guest lo p50 %5.0f us p99 %5.0f us",
 		m(cT50), m(cT99), m(cL50), m(cL99))
+	t.Logf("                  bare runsc p50 %5.0f us p99 %5.0f us   added p50 %.2f ms (gVisor's own network, no gate)",
+		m(cB50), m(cB99), (m(cB50)-m(cD50))/1000)
 	t.Logf("parallel x%d      gate %6.1f ms   direct %6.1f ms   ratio %.2f (target <= 2)   guest TCP retransmits %.0f (target 0)   guest lo %6.1f ms",
 		par, m(pG), m(pD), m(pG)/m(pD), m(pRe), m(pL))
+	t.Logf("                  bare runsc %6.1f ms   ratio %.2f (gVisor's own network, no gate)", m(pB), m(pB)/m(pD))
 	t.Logf("dns cached        gate p50 %4.0f us p99 %4.0f us (target p50 <= 300 us)   tap0 p50 %4.0f us p99 %4.0f us   guest lo p50 %4.0f us",
 		m(dnsC50), m(dnsC99), m(dnsT50), m(dnsT99), m(dnsL50))
+	t.Logf("                  bare runsc p50 %4.0f us p99 %4.0f us (gVisor's own network, no gate: the test's DNS server answers from memory)", m(dnsB50), m(dnsB99))
 	t.Logf("dns uncached      gate p50 %4.0f us   one upstream round trip (direct) p50 %4.0f us   added %4.0f us   tap0 p50 %4.0f us",
 		m(dnsU50), m(dnsD50), m(dnsU50)-m(dnsD50), m(dnsUT50))
 	t.Logf("refused, policy   gate p50 %4.0f us p99 %4.0f us   tap0 SYN->RST p50 %4.0f us p99 %4.0f us (target < 400 us)",
 		m(rfP50), m(rfP99), m(rfPT50), m(rfPT99))
 	t.Logf("refused, class    gate p50 %4.0f us   tap0 SYN->RST p50 %4.0f us p99 %4.0f us   closed port: direct p50 %4.0f us, guest lo p50 %4.0f us",
 		m(rfC50), m(rfCT50), m(rfCT99), m(rfD50), m(rfL50))
+	// Which targets gVisor alone, with no gate, already misses on this host.
+	var floor []string
+	if r := m(dlB) / m(dlD); r < 0.5 {
+		floor = append(floor, fmt.Sprintf("download %.2f of direct (>= 0.5)", r))
+	}
+	if a := (m(cB50) - m(cD50)) / 1000; a > 1 {
+		floor = append(floor, fmt.Sprintf("connect +%.2f ms (<= 1)", a))
+	}
+	if r := m(pB) / m(pD); r > 2 {
+		floor = append(floor, fmt.Sprintf("parallel %.2fx (<= 2)", r))
+	}
+	if v := m(dnsB50); v > 300 {
+		floor = append(floor, fmt.Sprintf("dns p50 %.0f us (<= 300)", v))
+	}
+	if len(floor) == 0 {
+		t.Logf("floor: bare runsc meets every target")
+	} else {
+		t.Logf("floor: bare runsc, with no gate, already misses: %s", strings.Join(floor, ", "))
+	}
 }
 
 func envInt(name string, def int) int {

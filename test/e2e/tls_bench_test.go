@@ -67,6 +67,10 @@ func TestBenchTLS(t *testing.T) {
 		}
 		return decode(t, out)
 	}
+	bare := startBare(t, n)
+	bared := func(args ...string) map[string]float64 {
+		return decode(t, bare.run(t, append([]string{filepath.Join(icpt.dir, "tlsprobe")}, args...)...))
+	}
 	gated := func(b box, args ...string) map[string]float64 {
 		r := moat(t, b.dir, nil, append([]string{"exec", b.name, "--", b.probe}, args...)...)
 		if r.code != 0 {
@@ -77,8 +81,8 @@ func TestBenchTLS(t *testing.T) {
 	size := strconv.Itoa(sizeMiB << 20)
 	url := "https://dl.bench.test/bytes?n=" + size
 	rate := func(m map[string]float64) float64 { return m["bytes"] / m["seconds"] / (1 << 20) }
-	var dD, dI, dS []float64
-	var hD50, hD99, hIN50, hIN99, hIC50, hIC99, hSN50, hSN99, hSC50, hSC99 []float64
+	var dD, dI, dS, dB []float64
+	var hB50, hB99, hD50, hD99, hIN50, hIN99, hIC50, hIC99, hSN50, hSN99, hSC50, hSC99 []float64
 	load := func() string {
 		b, _ := os.ReadFile("/proc/loadavg")
 		return strings.Join(strings.Fields(string(b))[:3], " ")
@@ -88,12 +92,13 @@ func TestBenchTLS(t *testing.T) {
 		d := direct("-ca", caHost, "-connect", dl.Addr.String(), "get", url)
 		i := gated(icpt, "get", url)
 		s := gated(splc, "-ca", splc.ca, "get", url)
-		for _, m := range []map[string]float64{d, i, s} {
+		b := bared("-ca", caHost, "-connect", dl.Addr.String(), "get", url)
+		for _, m := range []map[string]float64{d, i, s, b} {
 			if m["bytes"] != float64(sizeMiB<<20) {
 				t.Errorf("a download got %.0f bytes, want %d", m["bytes"], sizeMiB<<20)
 			}
 		}
-		dD, dI, dS = append(dD, rate(d)), append(dI, rate(i)), append(dS, rate(s))
+		dD, dI, dS, dB = append(dD, rate(d)), append(dI, rate(i)), append(dS, rate(s)), append(dB, rate(b))
 
 		cnt := strconv.Itoa(hs)
 		d = direct("-ca", caHost, "-connect", "198.51.100.11:443", "handshakes", "hs.bench.test", cnt, "443")
@@ -101,7 +106,9 @@ func TestBenchTLS(t *testing.T) {
 		ic := gated(icpt, "handshakes", "hs.bench.test", cnt, "443")
 		sn := gated(splc, "-ca", splc.ca, "handshakes", fmt.Sprintf("s%d-%%d.bench.test", r), cnt, "443")
 		sc := gated(splc, "-ca", splc.ca, "handshakes", "hs.bench.test", cnt, "443")
+		b = bared("-ca", caHost, "-connect", "198.51.100.11:443", "handshakes", "hs.bench.test", cnt, "443")
 		hD50, hD99 = append(hD50, d["p50_us"]), append(hD99, d["p99_us"])
+		hB50, hB99 = append(hB50, b["p50_us"]), append(hB99, b["p99_us"])
 		hIN50, hIN99 = append(hIN50, in["p50_us"]), append(hIN99, in["p99_us"])
 		hIC50, hIC99 = append(hIC50, ic["p50_us"]), append(hIC99, ic["p99_us"])
 		hSN50, hSN99 = append(hSN50, sn["p50_us"]), append(hSN99, sn["p99_us"])
@@ -113,14 +120,19 @@ func TestBenchTLS(t *testing.T) {
 	t.Logf("  direct (host netns)       %6.0f", m(dD))
 	t.Logf("  intercepted               %6.0f    %.2f              >= 0.3", m(dI), m(dI)/m(dD))
 	t.Logf("  spliced                   %6.0f    %.2f              >= 0.5", m(dS), m(dS)/m(dD))
+	t.Logf("  bare runsc, no gate       %6.0f    %.2f              (gVisor's own network, TLS end to end)", m(dB), m(dB)/m(dD))
 	t.Logf("TLS handshake x%d (connect + full handshake, as the client sees it)   p50 ms   p99 ms", hs)
 	t.Logf("  direct (host netns)                   %7.2f  %7.2f", m(hD50)/1000, m(hD99)/1000)
+	t.Logf("  bare runsc, no gate                   %7.2f  %7.2f", m(hB50)/1000, m(hB99)/1000)
 	t.Logf("  intercepted, new name (leaf minted)   %7.2f  %7.2f", m(hIN50)/1000, m(hIN99)/1000)
 	t.Logf("  intercepted, cached name              %7.2f  %7.2f", m(hIC50)/1000, m(hIC99)/1000)
 	t.Logf("  spliced, new name                     %7.2f  %7.2f", m(hSN50)/1000, m(hSN99)/1000)
 	t.Logf("  spliced, same name                    %7.2f  %7.2f", m(hSC50)/1000, m(hSC99)/1000)
 	if m(dI)/m(dD) < 0.3 || m(dS)/m(dD) < 0.5 {
 		t.Logf("below target: intercepted %.2f (>= 0.3), spliced %.2f (>= 0.5) of direct", m(dI)/m(dD), m(dS)/m(dD))
+	}
+	if r := m(dB) / m(dD); r < 0.5 {
+		t.Logf("floor: bare runsc, with no gate, downloads at %.2f of direct, below the spliced target (>= 0.5)", r)
 	}
 }
 
