@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/test/inet"
 )
@@ -48,25 +49,19 @@ func startBare(t *testing.T, n *inet.Net) *bareRunsc {
 	dir := t.TempDir()
 	b.root, b.bundle = filepath.Join(dir, "state"), filepath.Join(dir, "bundle")
 	host := "mbare" + strconv.FormatInt(int64(os.Getpid()), 36)
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
-		}
-	}
-	ip("netns", "add", b.ns)
+	ip(t, "netns", "add", b.ns)
 	t.Cleanup(func() {
 		// runsc pins an empty namespace for its gofers with a bind mount in its root.
 		for unix.Unmount(filepath.Join(b.root, "null-netns"), unix.MNT_DETACH) == nil {
 		}
 		exec.Command("ip", "netns", "del", b.ns).Run()
 	})
-	ip("link", "add", host, "type", "veth", "peer", "name", bareLink, "netns", b.ns)
-	ip("link", "set", host, "netns", n.NS)
-	ip("-n", n.NS, "addr", "add", bareGW+"/30", "dev", host)
-	ip("-n", n.NS, "link", "set", host, "mtu", strconv.Itoa(65520), "up")
-	ip("-n", b.ns, "link", "set", bareLink, "mtu", strconv.Itoa(65520), "up")
-	ip("-n", b.ns, "link", "set", "lo", "up")
+	ip(t, "link", "add", host, "type", "veth", "peer", "name", bareLink, "netns", b.ns)
+	ip(t, "link", "set", host, "netns", n.NS)
+	ip(t, "-n", n.NS, "addr", "add", bareGW+"/30", "dev", host)
+	ip(t, "-n", n.NS, "link", "set", host, "mtu", strconv.Itoa(netstack.MTU), "up")
+	ip(t, "-n", b.ns, "link", "set", bareLink, "mtu", strconv.Itoa(netstack.MTU), "up")
+	ip(t, "-n", b.ns, "link", "set", "lo", "up")
 
 	for _, f := range runtime.RunscArgs(dir, false) {
 		if f != "--tx-checksum-offload" && f != "--overlay2=none" && !strings.HasPrefix(f, "--root=") {
@@ -85,14 +80,8 @@ func (b *bareRunsc) run(t *testing.T, args ...string) []byte {
 	t.Helper()
 	// runsc takes the interface's address and routes for its own stack and removes them from
 	// the host's: give them back before every run.
-	for _, a := range [][]string{
-		{"-n", b.ns, "addr", "replace", bareAddr, "dev", bareLink},
-		{"-n", b.ns, "route", "replace", "default", "via", bareGW},
-	} {
-		if out, err := exec.Command("ip", a...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %s: %v\n%s", strings.Join(a, " "), err, out)
-		}
-	}
+	ip(t, "-n", b.ns, "addr", "replace", bareAddr, "dev", bareLink)
+	ip(t, "-n", b.ns, "route", "replace", "default", "via", bareGW)
 	q := make([]string, len(args))
 	for i, a := range args {
 		q[i] = strconv.Quote(a)
@@ -113,4 +102,12 @@ func (b *bareRunsc) run(t *testing.T, args ...string) []byte {
 		t.Fatalf("bare runsc %v: %v\n%s", args, err, stderr.String())
 	}
 	return out
+}
+
+// ip runs iproute2's ip and fails t if it fails.
+func ip(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
 }
