@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -20,15 +19,16 @@ import (
 // bareRunsc is the floor under the gate benchmarks' figures: the same probe run in a bare runsc
 // sandbox that runsc networks itself, over a veth pair straight into the test internet's
 // namespace. No daemon, no tap0, no gate: gVisor's own cost for the same operation on this host,
-// with the flags moat gives runsc (less the checksum offload, which only a tap0 whose reader
-// ignores checksums allows).
+// with the flags moat gives runsc, less two: the checksum offload, which only a tap0 whose reader
+// ignores checksums allows, and --overlay2=none, as the bare sandbox's root is the host's / read-only
+// (runsc's default overlay keeps its writes in memory).
 type bareRunsc struct {
 	runsc  string
 	ns     string // the sandbox's network namespace
 	root   string // runsc's state directory
 	bundle string
 	flags  []string
-	seq    atomic.Int64
+	runs   int
 }
 
 // The link between the bare sandbox's namespace and the test internet's.
@@ -38,8 +38,8 @@ const (
 	bareLink = "eth0"
 )
 
-// startBare builds the bare sandbox's namespace and bundle. It skips t when runsc is not at
-// MOAT_RUNSC (the benchmarks' scripts set it).
+// startBare builds the bare sandbox's namespace and bundle. It fails t when MOAT_RUNSC, which
+// the benchmarks' scripts set, does not name runsc.
 func startBare(t *testing.T, n *inet.Net) *bareRunsc {
 	t.Helper()
 	b := &bareRunsc{runsc: os.Getenv("MOAT_RUNSC"), ns: fmt.Sprintf("moat-bare-%d", os.Getpid())}
@@ -93,7 +93,8 @@ func (b *bareRunsc) run(t *testing.T, args ...string) []byte {
 	if err := os.WriteFile(filepath.Join(b.bundle, "config.json"), []byte(spec), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	id := fmt.Sprintf("bare%d", b.seq.Add(1))
+	b.runs++
+	id := fmt.Sprintf("bare%d", b.runs)
 	cmd := exec.Command(b.runsc, append(b.flags, "run", "--bundle="+b.bundle, id)...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
