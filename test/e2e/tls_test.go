@@ -499,7 +499,6 @@ c NONE https://bound.test/echo
 	}
 }
 
-// redact replaces the real value in s, so a failure message never prints it.
 // testRefresh: `moat secrets refresh` reads a running sandbox's secrets again. The file behind
 // MOAT_FILEKEY is rewritten; the next request to up.test carries the new value for the same
 // placeholder, and the echo brings the guest the placeholder only. A source that cannot be read
@@ -533,7 +532,7 @@ curl -sS --max-time 10 -o $o/%s.echo -D $o/%s.echo -H "X-File-Key: $MOAT_FILEKEY
 		t.Fatal(err)
 	}
 	r := moat(t, e.dir, e.env, "secrets", "refresh", e.name)
-	if r.code != 0 || !strings.Contains(r.stdout, "MOAT_FILEKEY") || !strings.Contains(r.stdout, "changed: MOAT_FILEKEY)") {
+	if r.code != 0 || !strings.Contains(r.stdout, "changed: MOAT_FILEKEY)") {
 		t.Fatalf("moat secrets refresh: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	ph2, echo := ask(t, "after")
@@ -571,6 +570,7 @@ curl -sS --max-time 10 -o $o/%s.echo -D $o/%s.echo -H "X-File-Key: $MOAT_FILEKEY
 	}
 }
 
+// redact replaces the real value in s, so a failure message never prints it.
 func redact(s, value string) string {
 	return strings.ReplaceAll(s, value, "<REAL VALUE>")
 }
