@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/tcpip"
 	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
@@ -134,8 +135,26 @@ func (st *Stack) configure() error {
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv)
 	mod := tcpip.TCPModerateReceiveBufferOption(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &mod)
+	tw := tcpip.TCPTimeWaitTimeoutOption(timeWait)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 	return nil
 }
+
+// timeWait is how long the stack keeps a connection it closed first in
+// TIME_WAIT (gVisor's default is 60 s). The gate closes first whenever the
+// upstream does (a plain-HTTP answer: the gate adds Connection: close) and
+// when it drops a connection that never sent what it waits for, and the
+// guest, which closed second, may pick the same port again at once. A SYN
+// that reaches a TIME_WAIT endpoint goes to a listener bound to its
+// address if there is one, and is dropped otherwise: the gate takes SYNs
+// through its forwarder, not a listener, so that connection waited out the
+// whole TIME_WAIT (after a flood of connections the gate closed, 15 of 400
+// fetches from the guest hung). On tap0 nothing arrives late: a segment is
+// delivered in order or lost, so half a second still outlasts a
+// retransmitted FIN (the guest's minimum RTO is 200 ms), and a SYN dropped
+// meanwhile is sent again after the guest's first RTO of 1 s, by when the
+// endpoint is gone.
+const timeWait = 500 * time.Millisecond
 
 // DialGuest opens a TCP connection from the gateway to the guest's port.
 func (st *Stack) DialGuest(ctx context.Context, port uint16) (net.Conn, error) {

@@ -7,6 +7,9 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
+	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +23,8 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
 	"gvisor.dev/gvisor/pkg/tcpip/stack"
 	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+
+	"moat.dev/moat/internal/gate"
 )
 
 var guestMAC = tcpip.LinkAddress("\x02\x00\x00\x00\x00\x02")
@@ -30,6 +35,12 @@ var guestMAC = tcpip.LinkAddress("\x02\x00\x00\x00\x00\x02")
 // guest's: same addresses, checksums neither computed nor checked.
 func pair(t *testing.T) (*Stack, *stack.Stack, int) {
 	t.Helper()
+	return pairGate(t, nil)
+}
+
+// pairGate is pair with the stack serving g.
+func pairGate(t *testing.T, g *gate.Gate) (*Stack, *stack.Stack, int) {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +50,7 @@ func pair(t *testing.T) (*Stack, *stack.Stack, int) {
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
-	gw, err := New(Options{TAPFD: fds[0], Log: slog.New(slog.DiscardHandler)})
+	gw, err := New(Options{TAPFD: fds[0], Gate: g, Log: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,24 +63,24 @@ func pair(t *testing.T) (*Stack, *stack.Stack, int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := stack.New(stack.Options{
+	guest := stack.New(stack.Options{
 		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
 	})
-	t.Cleanup(func() { g.Close(); g.Wait(); unix.Close(fds[1]) })
-	if e := g.CreateNIC(1, ep); e != nil {
+	t.Cleanup(func() { guest.Close(); guest.Wait(); unix.Close(fds[1]) })
+	if e := guest.CreateNIC(1, ep); e != nil {
 		t.Fatal(e)
 	}
-	if e := g.AddProtocolAddress(1, tcpip.ProtocolAddress{
+	if e := guest.AddProtocolAddress(1, tcpip.ProtocolAddress{
 		Protocol:          ipv4.ProtocolNumber,
 		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFrom4(Guest.As4()), PrefixLen: PrefixLen},
 	}, stack.AddressProperties{}); e != nil {
 		t.Fatal(e)
 	}
 	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
-	g.SetRouteTable([]tcpip.Route{{Destination: sub, Gateway: tcpip.AddrFrom4(Gateway.As4()), NIC: 1}})
-	g.AddStaticNeighbor(1, ipv4.ProtocolNumber, tcpip.AddrFrom4(Gateway.As4()), GatewayMAC)
-	return gw, g, fds[1]
+	guest.SetRouteTable([]tcpip.Route{{Destination: sub, Gateway: tcpip.AddrFrom4(Gateway.As4()), NIC: 1}})
+	guest.AddStaticNeighbor(1, ipv4.ProtocolNumber, tcpip.AddrFrom4(Gateway.As4()), GatewayMAC)
+	return gw, guest, fds[1]
 }
 
 // TestTAPCarriesBothWays moves a few MiB each way over one connection the
@@ -172,5 +183,59 @@ func TestTAPSurvivesStrayFrames(t *testing.T) {
 	b, err := io.ReadAll(c)
 	if err != nil || string(b) != "ok" {
 		t.Fatalf("read %q, %v", b, err)
+	}
+}
+
+// closingPorts is a gateway port that says hello and closes first, as the
+// gate does when the upstream closes (a plain-HTTP answer).
+type closingPorts struct{}
+
+func (closingPorts) Open(netip.AddrPort, uint16) bool { return true }
+
+func (closingPorts) Serve(_ netip.AddrPort, _ uint16, accept func() (net.Conn, error)) {
+	if c, err := accept(); err == nil {
+		c.Write([]byte("hi"))
+		c.Close()
+	}
+}
+
+// TestReconnectFromTheSamePort: a connection the gateway closed first
+// stays in its TIME_WAIT, and the guest, which closed second, may connect
+// from the same port again at once. Its SYN must get through by its first
+// retransmission (1 s), not wait out the TIME_WAIT (gVisor's default is
+// 60 s: a SYN that finds a TIME_WAIT endpoint goes only to a listener,
+// and the gate has a forwarder).
+func TestReconnectFromTheSamePort(t *testing.T) {
+	gw, g, _ := pairGate(t, gate.New(gate.Options{Sandbox: "test"}))
+	gw.SetGateway(closingPorts{})
+	local := tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(Guest.As4()), Port: 40000}
+	remote := tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(Gateway.As4()), Port: 7000}
+	for i := 0; i < 3; i++ {
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var c *gonet.TCPConn
+		var err error
+		// The guest's end of the last connection may still be finishing
+		// its close (LAST_ACK): the port is then briefly in use.
+		for {
+			c, err = gonet.DialTCPWithBind(ctx, g, local, remote, ipv4.ProtocolNumber)
+			if err == nil || ctx.Err() != nil || !strings.Contains(err.Error(), "in use") {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		cancel()
+		if err != nil {
+			t.Fatalf("connection %d from port %d: %v after %v", i+1, local.Port, err, time.Since(start))
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		b, err := io.ReadAll(c)
+		c.Close()
+		if err != nil || string(b) != "hi" {
+			t.Fatalf("connection %d: read %q, %v", i+1, b, err)
+		}
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("connection %d from the same port took %v", i+1, d)
+		}
 	}
 }
