@@ -130,6 +130,7 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 	s.PidsMax = c.atLeast("sandbox.pids_max", r.PidsMax, 1)
 	s.MemoryBytes = c.size("sandbox.memory", r.Memory)
 	s.MemoryMaxBytes = c.size("sandbox.memory_max", r.MemoryMax)
+	s.DaemonMemoryMaxBytes = c.size("sandbox.daemon_memory_max", r.DaemonMax)
 	if s.MemoryBytes != nil && s.MemoryMaxBytes != nil && *s.MemoryMaxBytes < *s.MemoryBytes {
 		c.fail("sandbox.memory_max", "%s is less than sandbox.memory %s; the ceiling must be at least the baseline",
 			FormatSize(*s.MemoryMaxBytes), FormatSize(*s.MemoryBytes))

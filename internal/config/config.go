@@ -107,6 +107,10 @@ type Sandbox struct {
 	PidsMax        int           `json:"pids_max"`
 	IdleTimeout    time.Duration `json:"idle_timeout"` // zero when IdleOff
 	IdleOff        bool          `json:"idle_off,omitempty"`
+	// DaemonMemoryMaxBytes is the memory limit of the cgroup that holds
+	// the sandbox's daemon and reaper; 0: derived from MemoryMaxBytes
+	// (resources.DaemonLimit).
+	DaemonMemoryMaxBytes uint64 `json:"daemon_memory_max_bytes,omitempty"`
 }
 
 // Share is a host path mounted into the guest.

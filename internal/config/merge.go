@@ -116,6 +116,8 @@ func (c *Config) mergeSandbox(f *File) {
 	}
 	setVal(&c.Sandbox.MemoryMaxBytes, s.MemoryMaxBytes)
 	set("sandbox.memory_max", s.MemoryMaxBytes != nil)
+	setVal(&c.Sandbox.DaemonMemoryMaxBytes, s.DaemonMemoryMaxBytes)
+	set("sandbox.daemon_memory_max", s.DaemonMemoryMaxBytes != nil)
 	if s.IdleTimeout != nil {
 		c.Sandbox.IdleTimeout = *s.IdleTimeout
 		c.Sandbox.IdleOff = *s.IdleTimeout == 0

@@ -48,6 +48,9 @@ type SandboxLayer struct {
 	// IdleTimeout is 0 for "off": no accepted duration is shorter than
 	// a minute, so 0 cannot mean anything else.
 	IdleTimeout *time.Duration
+	// DaemonMemoryMaxBytes limits the sandbox's daemon group
+	// (resources.DaemonLimit); absent: derived from memory_max.
+	DaemonMemoryMaxBytes *uint64
 }
 
 // ParseFile reads and parses path. A missing file is an error wrapping
@@ -119,6 +122,7 @@ type rawSandbox struct {
 	MemoryMax   *string `toml:"memory_max"`
 	PidsMax     *int64  `toml:"pids_max"`
 	IdleTimeout *string `toml:"idle_timeout"`
+	DaemonMax   *string `toml:"daemon_memory_max"`
 }
 
 type rawShare struct {
@@ -169,7 +173,7 @@ type rawHooks struct {
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
 	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent"},
-	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout"},
+	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
 	"network":    {"use", "allow", "block", "inspect", "trust", "mode"},
@@ -268,6 +272,9 @@ var wants = map[string]want{
 	"ssh_agent.keys":       wantList,
 	"ssh_agent.keys[]":     wantString,
 	"ssh_agent.confirm":    wantBool,
+
+	// In its own block: one long key would realign the whole table.
+	"sandbox.daemon_memory_max": wantSize,
 }
 
 // decodeError turns the decoder's error into *Errors that name the full

@@ -150,6 +150,7 @@ func TestParseScalars(t *testing.T) {
 		{`sandbox.memory = "64MiB"`, SandboxLayer{MemoryBytes: ptr(uint64(64 << 20))}},
 		{`sandbox = { cpus = 1, pids_max = 1 }`, SandboxLayer{CPUs: ptr(1), PidsMax: ptr(1)}},
 		{"[sandbox]\nmemory = \"1G\"\nmemory_max = \"1GiB\"", SandboxLayer{MemoryBytes: ptr(uint64(1 << 30)), MemoryMaxBytes: ptr(uint64(1 << 30))}},
+		{`sandbox.daemon_memory_max = "256MiB"`, SandboxLayer{DaemonMemoryMaxBytes: ptr(uint64(256 << 20))}},
 	}
 	for _, tt := range tests {
 		got, err := parse(t, tt.doc)
@@ -261,6 +262,8 @@ func TestParseErrors(t *testing.T) {
 		{"bad size", "\n\n\n\n[sandbox]\nmemory = \"1 gigabyte\"", []string{`moat.toml:6:10: sandbox.memory: "1 gigabyte" is not a size; write e.g. "512MiB" or "2GiB"`}},
 		{"fraction size", `sandbox.memory_max = "1.5GiB"`, []string{`sandbox.memory_max: "1.5GiB" is not a size; sizes are whole numbers`}},
 		{"tiny size", `sandbox.memory = "512"`, []string{`sandbox.memory: "512" is less than the minimum of 64MiB; sizes without a unit are bytes`}},
+		{"tiny daemon", `sandbox.daemon_memory_max = "32MiB"`, []string{`sandbox.daemon_memory_max: "32MiB" is less than the minimum of 64MiB`}},
+		{"daemon type", `sandbox.daemon_memory_max = 256`, []string{"sandbox.daemon_memory_max: expected a size string"}},
 		{"max below memory", "[sandbox]\nmemory = \"2GiB\"\nmemory_max = \"1GiB\"",
 			[]string{"3:14: sandbox.memory_max: 1GiB is less than sandbox.memory 2GiB"}},
 		{"bad duration", `sandbox.idle_timeout = "30 minutes"`, []string{`sandbox.idle_timeout: "30 minutes" is not a duration; write e.g. "30m", "2h" or "off"`}},
@@ -350,7 +353,7 @@ func TestErrorFields(t *testing.T) {
 	if e.Key != "sandbox.imgae" || e.Line != 4 || e.Col != 1 {
 		t.Errorf("got %#v, want key sandbox.imgae at 4:1", e)
 	}
-	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout (did you mean "image"?)`
+	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout, daemon_memory_max (did you mean "image"?)`
 	if e.Error() != wantMsg {
 		t.Errorf("Error() = %q\nwant      %q", e.Error(), wantMsg)
 	}
