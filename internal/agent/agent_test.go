@@ -513,7 +513,9 @@ func TestDisconnectKillsGroup(t *testing.T) {
 	}
 }
 
-func TestLeftoverChildrenKilled(t *testing.T) {
+// A command's background processes outlive it, as after `ssh host cmd` or
+// `docker exec`, without holding the session open.
+func TestLeftoverChildrenKeepRunning(t *testing.T) {
 	ts := startServer(t, nil)
 	c := ts.dial(t)
 	start := time.Now()
@@ -528,7 +530,87 @@ func TestLeftoverChildrenKilled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitGone(t, []int{pid}, 2*time.Second)
+	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	time.Sleep(200 * time.Millisecond)
+	if !alive(pid) {
+		t.Errorf("background process %d was killed when the command exited", pid)
+	}
+}
+
+// A background process that keeps writing does not hold the session open
+// past outputMax.
+func TestChattyLeftoverDoesNotHoldSession(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	start := time.Now()
+	got := run(t, c, "(while :; do echo x; sleep 0.05; done) & echo $! >&2", nil, nil)
+	if pid, err := strconv.Atoi(strings.TrimSpace(got.stderr)); err == nil {
+		t.Cleanup(func() { syscall.Kill(pid, syscall.SIGKILL) })
+	}
+	if d := time.Since(start); d > outputMax+time.Second {
+		t.Errorf("session took %v; want at most about %v", d, outputMax)
+	}
+}
+
+// A hang-up (the client went away, or a PTY's shell exited) spares what
+// nohup started and ends the rest.
+func TestHangupSparesNohup(t *testing.T) {
+	for _, usePTY := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pty=%v", usePTY), func(t *testing.T) {
+			ts := startServer(t, nil)
+			c := ts.dial(t)
+			sess, err := c.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if usePTY {
+				if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var out lineWriter
+			sess.Stdout = &out
+			dir := t.TempDir()
+			kept, plain := filepath.Join(dir, "kept"), filepath.Join(dir, "plain")
+			// Each writes its own pid once it runs, so nohup has set
+			// SIGHUP to ignored by the time the pid file exists.
+			cmd := fmt.Sprintf(`nohup sh -c 'echo $$ > %s; exec sleep 300' >/dev/null 2>&1 & sh -c 'echo $$ > %s; exec sleep 300' & `+
+				`while [ ! -s %s ] || [ ! -s %s ]; do sleep 0.02; done; echo ready; `, kept, plain, kept, plain)
+			if usePTY {
+				cmd += "exit 0"
+			} else {
+				cmd += "sleep 300"
+			}
+			if err := sess.Start("sh -c '" + strings.ReplaceAll(cmd, "'", `'\''`) + "'"); err != nil {
+				t.Fatal(err)
+			}
+			out.waitFor(t, "ready")
+			keptPid, plainPid := readPid(t, kept), readPid(t, plain)
+			t.Cleanup(func() { syscall.Kill(keptPid, syscall.SIGKILL); syscall.Kill(plainPid, syscall.SIGKILL) })
+			if !usePTY {
+				c.Close()
+			}
+			waitGone(t, []int{plainPid}, 2*time.Second)
+			// Past the grace after which the old sweep killed everything.
+			time.Sleep(hangupGrace + 300*time.Millisecond)
+			if !alive(keptPid) {
+				t.Errorf("the nohup process %d was killed by the hang-up", keptPid)
+			}
+		})
+	}
+}
+
+func readPid(t *testing.T, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid
 }
 
 func TestShutdownKillsSessions(t *testing.T) {

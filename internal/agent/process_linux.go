@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 )
 
 const (
-	// hangupGrace is how long a PTY session's processes get between SIGHUP
+	// hangupGrace is how long a hung-up session's leader gets between SIGHUP
 	// and SIGKILL: enough for a shell or editor to save history or a swap
 	// file, short enough that detaching feels immediate.
 	hangupGrace = 500 * time.Millisecond
@@ -32,9 +33,9 @@ const (
 	// (setsid) and still holds them, and must not hold exit-status hostage.
 	outputIdle = 500 * time.Millisecond
 
-	// killRounds bounds the SIGKILL sweep: each round catches children
-	// forked between the previous scan and its kill.
-	killRounds = 10
+	// outputMax bounds how long output is still copied after the command
+	// exited, when a background process it left keeps writing.
+	outputMax = 2 * time.Second
 )
 
 // errProcessGone answers signal requests that arrive after the command was
@@ -69,9 +70,10 @@ type process struct {
 	output sync.WaitGroup // process → channel; done means all output is sent
 	input  sync.WaitGroup // channel → process
 
-	exited atomic.Bool   // group killed; output copiers stop once idle
-	done   chan struct{} // closed when reaped, group killed and output sent
-	state  *os.ProcessState
+	exited       atomic.Bool   // leader reaped; output copiers stop once idle
+	exitedAtNano atomic.Int64  // when, for outputMax
+	done         chan struct{} // closed when reaped, group killed and output sent
+	state        *os.ProcessState
 
 	// mu serialises signalling against reaping: until reaped is set the
 	// leader is at worst a zombie, whose pid (and so the group id) the
@@ -200,14 +202,21 @@ func (p *process) copyOut(w io.Writer, f *os.File) {
 			return
 		}
 		if p.exited.Load() {
-			f.SetReadDeadline(time.Now().Add(outputIdle))
+			// Output keeps flowing while it comes, but a background
+			// process that outlives the command and keeps writing must
+			// not hold the session open: at most outputMax after the exit.
+			d := time.Now().Add(outputIdle)
+			if limit := time.Unix(0, p.exitedAtNano.Load()).Add(outputMax); d.After(limit) {
+				d = limit
+			}
+			f.SetReadDeadline(d)
 		}
 	}
 }
 
 // wait owns the command: it learns of the leader's exit without reaping it,
-// kills whatever is left in the group while the group id is still reserved,
-// reaps, and drains output before announcing done.
+// hangs up a PTY session's other processes while the group id is still
+// reserved, reaps, and drains output before announcing done.
 func (p *process) wait() {
 	var info unix.Siginfo
 	for {
@@ -220,13 +229,19 @@ func (p *process) wait() {
 		}
 	}
 	p.mu.Lock()
-	p.terminate()
+	if p.ptmx != nil {
+		// A terminal's hang-up: the shell is gone, so is its terminal.
+		p.hangUp()
+	}
+	// With pipes the command's background processes keep running, as
+	// after `ssh host cmd` or `docker exec`: a hook may start a service.
 	p.reaped = true
 	p.mu.Unlock()
 	p.cmd.Wait()
 	p.state = p.cmd.ProcessState
 	p.children.done(p.pid)
 
+	p.exitedAtNano.Store(time.Now().UnixNano())
 	p.exited.Store(true)
 	for _, f := range p.outputs {
 		f.SetReadDeadline(time.Now().Add(outputIdle))
@@ -235,38 +250,32 @@ func (p *process) wait() {
 	close(p.done)
 }
 
-// terminate kills every process in the group (and, with a PTY, the
-// session). A PTY session gets SIGHUP first, as a terminal hangup would
-// deliver; pipes have no such convention and are killed outright. Callers
-// hold mu.
+// hangUp ends a session the way a terminal's hang-up does: every process
+// in the group (and, with a PTY, the session) gets SIGHUP, and SIGCONT so
+// that a stopped job sees it. What ignores it (started with nohup) or
+// handles it and goes on keeps running; what it kills is gone. The leader
+// itself must end, since the client that ran it is gone: it gets SIGKILL
+// if it still runs after hangupGrace. Callers hold mu.
 //
-// Each round kills the group before it looks: once the group has had
-// SIGKILL none of it can fork again, so a scan that then finds nobody left
-// is final. When the command left nothing behind, the usual end of a
-// session, one scan of /proc is all this costs; inside gVisor a scan takes
-// milliseconds, paid on every command's exit.
-func (p *process) terminate() {
-	if p.ptmx != nil {
-		live := p.members()
-		if len(live) > 0 {
-			p.signalAll(syscall.SIGHUP, live)
-		}
-		deadline := time.Now().Add(hangupGrace)
-		for len(live) > 0 && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-			live = p.members()
-		}
+// Nothing finer is possible inside gVisor, which shows no signal
+// dispositions in /proc. When nothing is left, the usual end of a session,
+// one scan of /proc is all this costs; inside gVisor a scan takes
+// milliseconds.
+func (p *process) hangUp() {
+	live := p.members()
+	if len(live) == 0 {
+		return
 	}
-	var live []int
-	for range killRounds {
-		syscall.Kill(-p.pid, syscall.SIGKILL)
-		if live = p.members(); len(live) == 0 {
-			return
-		}
-		p.signalAll(syscall.SIGKILL, live)
-		time.Sleep(5 * time.Millisecond)
+	p.signalAll(syscall.SIGHUP, live)
+	p.signalAll(syscall.SIGCONT, live)
+	deadline := time.Now().Add(hangupGrace)
+	for slices.Contains(live, p.pid) && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		live = p.members()
 	}
-	p.log.Warn("processes survived session kill", "pgid", p.pid, "pids", live)
+	if slices.Contains(live, p.pid) {
+		syscall.Kill(p.pid, syscall.SIGKILL)
+	}
 }
 
 // signalAll signals the group and, because job control moves a PTY shell's
@@ -364,12 +373,12 @@ func (p *process) signal(sig syscall.Signal) error {
 	return syscall.Kill(-p.pid, sig)
 }
 
-// hangup kills the session because the client went away, then waits until
-// the command is reaped and its output goroutines are finished.
+// hangup ends the session because the client went away (hangUp), then
+// waits until the command is reaped and its output goroutines are finished.
 func (p *process) hangup() {
 	p.mu.Lock()
 	if !p.reaped {
-		p.terminate()
+		p.hangUp()
 	}
 	p.mu.Unlock()
 	<-p.done
