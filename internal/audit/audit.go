@@ -6,13 +6,43 @@
 //
 // # Specification
 //
-// The audit log is a file of JSON Lines (UTF-8, one object per line, "\n"
-// after each), audit.jsonl in the sandbox's state directory, mode 0600. When
-// the next line would take it past its size limit (16 MiB unless configured)
-// it is renamed to audit.jsonl.1, audit.jsonl.1 to audit.jsonl.2 and so on;
-// the oldest beyond the kept count (3 unless configured) is deleted. Records
-// within a file are in the order the gate wrote them; that is close to, not
-// exactly, time order, since decisions finish concurrently.
+// The audit log is two series of JSON Lines files (UTF-8, one object per
+// line, "\n" after each), mode 0600, in the sandbox's state directory:
+//
+//   - audit.jsonl, the kept series: every allowed connection, request and
+//     DNS answer, every record naming a secret the gate used (transforms),
+//     the first denial of each distinct destination, the counts of
+//     denials beyond the destinations tracked, and notices of what was
+//     dropped.
+//   - audit-noise.jsonl, the noise series: repeated denials of a
+//     destination already recorded, as aggregates (one record per
+//     destination per interval, with count), and the first denial of
+//     destinations beyond the tracked set.
+//
+// Each series is rotated on its own: when the next lines would take the
+// file past a quarter of the series' budget it is renamed to .1, .1 to .2
+// and so on up to .3. The noise series gets a quarter of the audit's size
+// bound ([audit] max_size, 128 MiB unless configured) and drops its
+// oldest file freely; the kept series gets the rest and drops a file only
+// once its newest record is older than the retention ([audit] retention,
+// 7 days unless configured). A file of either series older than the
+// retention is deleted. When the kept series is full of records younger
+// than the retention, the log reports failing (the gate then lets nothing
+// through, as on a full disk) and the records that still come (ends of
+// connections, denials) go to the noise series. Whatever rotation or
+// retention deletes is itself recorded in the kept series: a "dropped"
+// record with the count by kind (dropped_kinds).
+//
+// Readers merge the two series by time (Read). Records within a file are
+// in the order the gate wrote them; that is close to, not exactly, time
+// order, since decisions finish concurrently.
+//
+// A line is written whole or not at all: a write that fails (a full disk)
+// is cut back to the last whole line, each file keeps a preallocated
+// reserve so that the records of decisions already made still fit once the
+// disk is full, and readers skip a last line without its "\n". Records
+// that could not be written are counted (Log.Lost) and reported by a
+// dropped record once writing works again.
 //
 // Every line is one Record. Field names and meanings are frozen: old logs
 // must stay readable by new moat and scripts written against them must keep
@@ -28,7 +58,8 @@
 //	                     connection itself has its own "tcp" record); "" only
 //	                     in a dropped record
 //	dst          string  the address the guest addressed, ip:port ("gateway:53" for
-//	                     DNS queries, a bare ip for ICMP)
+//	                     DNS queries, a bare ip for ICMP); "" in a dropped record
+//	                     and in the count of denials beyond the tracked set
 //	name         string  the destination's name, when the gate knows one (omitted if not)
 //	name_from    string  where the name came from: "sni" (TLS ClientHello), "host"
 //	                     (HTTP Host), "dns" (the query itself), "pool" (the private
@@ -60,11 +91,36 @@
 //	                     carry tokens), at most 512 bytes; omitted with method
 //	status       int     the HTTP status the guest was answered with, in "http"
 //	                     records (omitted when no answer was sent)
+//	count        int     in an aggregate: how many denials of this destination (same
+//	                     proto, and name or address and port) the record stands for,
+//	                     from time to last; omitted in a record that stands for one
+//	last         string  in an aggregate: when the last denial it counts was made
+//	                     (RFC 3339, UTC); omitted otherwise
+//	phase        string  for a TCP connection the gate carried: "start" when it was
+//	                     decided and dialed (verdict, destination, rule, upstream;
+//	                     bytes and duration 0), "end" when it ended (the same fields
+//	                     with bytes and duration). Omitted in a record that is the
+//	                     whole of its flow (a denial, a failed dial, a DNS query)
+//	flow         string  links a "start" record to its "end": the same value in both,
+//	                     unique within the sandbox's log; omitted with phase
+//	dropped_kinds object in a dropped record written for rotation or retention:
+//	                     the records deleted by kind: "allow" (allow and
+//	                     would_deny), "secret" (with transforms), "deny",
+//	                     "aggregate" (records with count), "lost" (records an
+//	                     earlier dropped record said were never written), "other".
+//	                     A dropped record deleted in turn passes its counts on to
+//	                     the one that says so, so the newest add up to everything
 //
-// A dropped record says that the gate made decisions faster than the log
-// could be written and that some records were lost: verdict "dropped",
-// dropped the count, proto and dst empty. Losing a record never delays or
+// A dropped record says that records were lost: verdict "dropped",
+// dropped the count, proto and dst empty, reason why. The gate made
+// decisions faster than the log could be written (the queue was full), the
+// disk refused them, or rotation or retention deleted a file (then
+// dropped_kinds says what was in it). Losing a record never delays or
 // changes a decision; the gate never waits for the disk.
+//
+// A reader that does not know count, phase and flow still reads every
+// record correctly as one decision; it counts an aggregate as one denial
+// and a carried connection twice (its start and its end).
 package audit
 
 import "time"
@@ -105,4 +161,17 @@ type Record struct {
 	Method     string    `json:"method,omitempty"`
 	Path       string    `json:"path,omitempty"`
 	Status     int       `json:"status,omitempty"`
+	// Added with aggregation and split connection records; see the
+	// package documentation.
+	Count        int64            `json:"count,omitempty"`
+	Last         time.Time        `json:"last,omitzero"`
+	Phase        string           `json:"phase,omitempty"`
+	Flow         string           `json:"flow,omitempty"`
+	DroppedKinds map[string]int64 `json:"dropped_kinds,omitempty"`
 }
+
+// Phases of a carried TCP connection's records.
+const (
+	PhaseStart = "start"
+	PhaseEnd   = "end"
+)

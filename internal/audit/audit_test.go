@@ -91,3 +91,24 @@ func TestEntryJSONFrozen(t *testing.T) {
 		t.Fatalf("got  %s\nwant %s", got, want)
 	}
 }
+
+// TestAddedFieldsFrozen pins the names added with aggregation, split
+// connection records and drop notices.
+func TestAddedFieldsFrozen(t *testing.T) {
+	when := time.Date(2026, 3, 1, 12, 30, 45, 0, time.UTC)
+	got, err := json.Marshal(Record{Schema: Schema, Time: when, Sandbox: "api", Proto: "udp", Dst: "192.0.2.1:443",
+		Verdict: "deny", Count: 41, Last: when.Add(time.Second), Phase: PhaseEnd, Flow: "f-1",
+		DroppedKinds: map[string]int64{"deny": 2, "allow": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"schema":1,"time":"2026-03-01T12:30:45Z","sandbox":"api","proto":"udp","dst":"192.0.2.1:443",` +
+		`"verdict":"deny","bytes_up":0,"bytes_down":0,"duration_ms":0,"count":41,"last":"2026-03-01T12:30:46Z",` +
+		`"phase":"end","flow":"f-1","dropped_kinds":{"allow":1,"deny":2}}`
+	if string(got) != want {
+		t.Fatalf("got  %s\nwant %s", got, want)
+	}
+	if PhaseStart != "start" || PhaseEnd != "end" {
+		t.Fatal("phase values changed")
+	}
+}

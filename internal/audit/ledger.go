@@ -54,7 +54,7 @@ func NewLedger(max int) *Ledger {
 }
 
 // Add counts r if it is a denial, or what would be one in report mode;
-// other records are ignored.
+// other records are ignored. An aggregate (Count) counts as its count.
 func (l *Ledger) Add(r Record) {
 	if r.Verdict != Deny && r.Verdict != WouldDeny {
 		return
@@ -68,9 +68,15 @@ func (l *Ledger) Add(r Record) {
 	// different things to allow.
 	key := r.Proto + " " + dest
 
+	n := max(r.Count, 1)
+	last := when
+	if r.Last.After(last) {
+		last = r.Last
+	}
+
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.total++
+	l.total += n
 	el, ok := l.byKey[key]
 	if !ok {
 		if l.order.Len() >= l.max {
@@ -84,14 +90,14 @@ func (l *Ledger) Add(r Record) {
 		l.order.MoveToFront(el)
 	}
 	e := &el.Value.(*ledgerItem).e
-	e.Count++
+	e.Count += n
 	// Records can arrive slightly out of time order (connections finish
 	// concurrently); keep First and Last the extremes.
 	if when.Before(e.First) {
 		e.First = when
 	}
-	if when.After(e.Last) {
-		e.Last = when
+	if last.After(e.Last) {
+		e.Last = last
 	}
 	e.Rule, e.Reason = r.Rule, r.Reason
 	if port != 0 {

@@ -109,3 +109,16 @@ func TestLedgerConcurrent(t *testing.T) {
 		t.Fatalf("%d entries, want 50", n)
 	}
 }
+
+// A ledger rebuilt from the log (a stopped sandbox's `moat network
+// denials`) counts an aggregate as the denials it stands for.
+func TestLedgerCountsAggregates(t *testing.T) {
+	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	l := NewLedger(10)
+	l.Add(Record{Time: t0, Proto: "udp", Dst: "192.0.2.1:443", Verdict: Deny})
+	l.Add(Record{Time: t0.Add(time.Second), Last: t0.Add(9 * time.Second), Proto: "udp", Dst: "192.0.2.1:443", Verdict: Deny, Count: 41})
+	e := l.Entries()[0]
+	if e.Count != 42 || l.Total() != 42 || !e.Last.Equal(t0.Add(9*time.Second)) || !e.First.Equal(t0) {
+		t.Fatalf("got %+v, total %d; want 42 from t0 to t0+9s", e, l.Total())
+	}
+}

@@ -1,13 +1,14 @@
 package audit
 
 import (
-	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
-	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,29 +16,67 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Defaults for Open: 16 MiB × (1 + 3) bounds a sandbox's audit to 64 MiB,
-// which at ~300 bytes a record is some 200 000 decisions of history.
+// Defaults for Options: 128 MiB holds some 400 000 records; 7 days is
+// longer than a working week's sandbox usually lives, and long enough to
+// look back after a weekend.
 const (
-	DefaultMaxBytes = 16 << 20
-	DefaultKeep     = 3
+	DefaultMaxBytes  = 128 << 20
+	DefaultRetention = 7 * 24 * time.Hour
 )
+
+// MinMaxBytes is the smallest size bound Options take: each series needs
+// a few files of a few reserves' worth of records.
+const MinMaxBytes = 1 << 20
+
+// rotatedKeep is how many rotated files each series keeps: with the
+// current one, four quarters of its budget.
+const rotatedKeep = 3
 
 // queueLen is how many records may wait for the disk before Write drops
 // them: enough to ride out a slow fsync elsewhere on the disk while a build
 // opens hundreds of connections a second.
 const queueLen = 4096
 
-// Log appends records to an audit file from one writer goroutine, so the
-// gate's decision paths never wait on the disk.
+// tickEvery is how often the writer looks at the clock when no record
+// comes: aggregates are written within this of their interval's end, and
+// files past the retention are deleted.
+const tickEvery = time.Second
+
+// Options configure a Log.
+type Options struct {
+	// MaxBytes bounds the audit files together, both series (plus each
+	// open file's reserve); 0: DefaultMaxBytes. At least MinMaxBytes.
+	MaxBytes int64
+	// Retention is how long kept records are kept at least, and files
+	// at most; 0: DefaultRetention.
+	Retention time.Duration
+	// Interval is how long repeated denials are counted before their
+	// aggregate is written; 0: DefaultInterval.
+	Interval time.Duration
+	// Logger hears of records that could not be written (nil: nowhere).
+	Logger *slog.Logger
+
+	// For Open and the tests: the size of one file and the number of
+	// rotated files, both series alike, instead of shares of MaxBytes.
+	fileBytes  int64
+	keep       int
+	now        func() time.Time
+	queued     int
+	maxTracked int
+}
+
+// Log appends records to the audit files from one writer goroutine, so
+// the gate's decision paths never wait on the disk.
 type Log struct {
-	path     string
-	maxBytes int64
-	keep     int
+	path string
+	o    Options
+	log  *slog.Logger
 
 	queue   chan Record
 	done    chan struct{} // closed when the writer goroutine has exited
 	dropped atomic.Int64  // records Write could not queue, not yet reported
 	dropSB  atomic.Pointer[string]
+	lost    atomic.Int64 // records never written, since Open
 	tap     atomic.Pointer[func(Record)]
 
 	// mu guards closed, and orders Close's close(queue) after every Write
@@ -49,31 +88,42 @@ type Log struct {
 	// from a failed flush until one succeeds again: the gate lets nothing
 	// through that it could not record (Failing).
 	failing atomic.Pointer[string]
+	// full holds why the kept series cannot take more: it is full of
+	// records younger than the retention.
+	full atomic.Pointer[string]
 	// The free space under the log, checked at most every spaceEvery:
 	// when it was last checked (unix ns), and why it is too low, or nil.
 	spaceAt  atomic.Int64
 	spaceErr atomic.Pointer[string]
 
 	// Owned by the writer goroutine until done is closed.
-	f      *os.File
-	w      *bufio.Writer
-	size   int64
-	err    error // the first write or rotation error
-	reopen bool  // a flush failed and f was closed: open it again before the next write
+	kept, noise *series
+	sort        *sorter
+	err         error    // the first error
+	why         string   // why a series' last flush or reserve failed; "" when both worked
+	unwritten   int64    // records lost to failed writes, not yet reported
+	lostWhy     string   // why the first of those was lost
+	sb          string   // the sandbox, for the log's own records
+	notices     []Record // dropped records waiting for a rotation to finish
+	swept       time.Time
+	keptOldest  time.Time // mtime of the kept series' path.keep; zero if none
 }
 
-// Open opens (creating it 0600 if need be) the audit file at path for
-// appending. The file is rotated to path.1 … path.keep when the next record
-// would take it past maxBytes; maxBytes ≤ 0 means DefaultMaxBytes, keep ≤ 0
-// DefaultKeep.
+// Open opens the audit log at path (the kept series; the noise series
+// beside it) with the default bounds, or, when maxBytes and keep are set,
+// with files of maxBytes rotated keep times in each series.
 func Open(path string, maxBytes int64, keep int) (*Log, error) {
-	if maxBytes <= 0 {
-		maxBytes = DefaultMaxBytes
+	o := Options{}
+	if maxBytes > 0 || keep > 0 {
+		o.fileBytes, o.keep = max(maxBytes, 1), max(keep, 1)
 	}
-	if keep <= 0 {
-		keep = DefaultKeep
-	}
-	l, err := newLog(path, maxBytes, keep, queueLen)
+	return OpenWith(path, o)
+}
+
+// OpenWith opens (creating them 0600 if need be) the audit files at path
+// and NoisePath(path) for appending and starts the writer.
+func OpenWith(path string, o Options) (*Log, error) {
+	l, err := newLog(path, o)
 	if err != nil {
 		return nil, err
 	}
@@ -81,60 +131,71 @@ func Open(path string, maxBytes int64, keep int) (*Log, error) {
 	return l, nil
 }
 
-// newLog opens the file; the caller starts the writer goroutine.
-func newLog(path string, maxBytes int64, keep, queued int) (*Log, error) {
-	l := &Log{
-		path:     path,
-		maxBytes: maxBytes,
-		keep:     keep,
-		queue:    make(chan Record, queued),
-		done:     make(chan struct{}),
+// NoisePath is the noise series' file beside the audit log at path.
+func NoisePath(path string) string {
+	dir, base := filepath.Split(path)
+	if b, ok := strings.CutSuffix(base, ".jsonl"); ok {
+		return filepath.Join(dir, b+"-noise.jsonl")
 	}
-	if err := l.openFile(); err != nil {
-		return nil, err
-	}
-	return l, nil
+	return filepath.Join(dir, base+"-noise")
 }
 
-// openFile opens l.path for appending. A file that does not end in a newline
-// (moat died in the middle of a line) gets one, so the next record starts on
-// a line of its own and only the torn one is lost.
-func (l *Log) openFile() error {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
+// newLog opens the files; the caller starts the writer goroutine.
+func newLog(path string, o Options) (*Log, error) {
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.MaxBytes < MinMaxBytes && o.fileBytes == 0 {
+		return nil, fmt.Errorf("opening audit log: a size bound of %d bytes is under the minimum of %d", o.MaxBytes, MinMaxBytes)
+	}
+	if o.Retention <= 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	if o.queued <= 0 {
+		o.queued = queueLen
+	}
+	if o.maxTracked <= 0 {
+		o.maxTracked = maxTracked
+	}
+	keptFile, noiseFile, keep := o.fileBytes, o.fileBytes, o.keep
+	if o.fileBytes > 0 {
+		o.MaxBytes = 2 * o.fileBytes * int64(keep+1)
+	} else {
+		// A quarter of the bound for noise, the rest kept; each series
+		// is its current file and rotatedKeep rotated ones.
+		noise := o.MaxBytes / 4
+		keptFile, noiseFile, keep = (o.MaxBytes-noise)/(rotatedKeep+1), noise/(rotatedKeep+1), rotatedKeep
+	}
+	kept, err := openSeries(path, keptFile, keep)
 	if err != nil {
-		return fmt.Errorf("opening audit log: %w", err)
+		return nil, err
 	}
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return fmt.Errorf("opening audit log: %w", err)
-	}
-	fi, err := f.Stat()
+	noise, err := openSeries(NoisePath(path), noiseFile, keep)
 	if err != nil {
-		f.Close()
-		return fmt.Errorf("opening audit log: %w", err)
+		kept.close()
+		return nil, err
 	}
-	size := fi.Size()
-	if size > 0 {
-		last := make([]byte, 1)
-		r, err := os.Open(l.path)
-		if err == nil {
-			_, err = r.ReadAt(last, size-1)
-			r.Close()
-		}
-		if err != nil {
-			f.Close()
-			return fmt.Errorf("opening audit log: %w", err)
-		}
-		if last[0] != '\n' {
-			if _, err := f.Write([]byte{'\n'}); err != nil {
-				f.Close()
-				return fmt.Errorf("opening audit log: %w", err)
-			}
-			size++
-		}
+	l := &Log{
+		path:  path,
+		o:     o,
+		log:   o.Logger,
+		queue: make(chan Record, o.queued),
+		done:  make(chan struct{}),
+		kept:  kept,
+		noise: noise,
+		sort:  newSorter(o.Retention, o.Interval, o.maxTracked),
 	}
-	l.f, l.w, l.size = f, bufio.NewWriterSize(f, 64<<10), size
-	return nil
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	l.keptOldest = mtime(kept.rotated(kept.keep))
+	return l, nil
 }
 
 // Write queues r for the log and returns at once. It sets r.Schema, and
@@ -144,7 +205,7 @@ func (l *Log) openFile() error {
 func (l *Log) Write(r Record) {
 	r.Schema = Schema
 	if r.Time.IsZero() {
-		r.Time = time.Now()
+		r.Time = l.o.now()
 	}
 	r.Time = r.Time.UTC()
 	if tap := l.tap.Load(); tap != nil {
@@ -159,10 +220,16 @@ func (l *Log) Write(r Record) {
 	case l.queue <- r:
 	default:
 		l.dropped.Add(1)
+		l.lost.Add(1)
 		sb := r.Sandbox
 		l.dropSB.Store(&sb)
 	}
 }
+
+// Lost is how many records were never written since Open: dropped from a
+// full queue, or refused by the disk. Each loss is also recorded in the
+// log itself once it can be written, and told to the Logger.
+func (l *Log) Lost() int64 { return l.lost.Load() }
 
 // Tap makes Write hand every record to fn as well (the interactive gate's
 // watchers see each decision as it is made); nil stops it. fn runs on the
@@ -176,11 +243,16 @@ func (l *Log) Tap(fn func(Record)) {
 }
 
 // Failing is why records cannot be written now, or nil: when a write to
-// the file failed (a full disk, an I/O error) and no later one succeeded
-// yet, or when the filesystem under it has less than MinFree left, so
-// that the gate stops before a record is lost rather than after.
+// the files failed (a full disk, an I/O error), or the disk has no room
+// for their reserve, and no later one succeeded yet; when the filesystem
+// under them has less than MinFree left; or when the kept series is full
+// of records younger than the retention. The gate then stops before a
+// record is lost rather than after.
 func (l *Log) Failing() error {
 	if p := l.failing.Load(); p != nil {
+		return errors.New(*p)
+	}
+	if p := l.full.Load(); p != nil {
 		return errors.New(*p)
 	}
 	return l.lowSpace()
@@ -219,8 +291,9 @@ func (l *Log) lowSpace() error {
 	return nil
 }
 
-// Close writes what is queued, closes the file and returns the first error
-// the log met since Open. It may be called more than once.
+// Close writes what is queued and what is being counted, closes the files
+// and returns the first error the log met since Open. It may be called
+// more than once.
 func (l *Log) Close() error {
 	l.mu.Lock()
 	if !l.closed {
@@ -237,50 +310,273 @@ func (l *Log) Close() error {
 // as soon as it is written, yet a burst costs one write(2), not one per line.
 func (l *Log) run() {
 	defer close(l.done)
-	defer func() {
-		if !l.reopen {
-			l.fail(l.w.Flush())
-			l.fail(l.f.Close())
-		}
-	}()
+	tick := time.NewTicker(tickEvery)
+	defer tick.Stop()
 	written := 0
-	for r := range l.queue {
-		l.write(r)
-		written++
-		// Report drops once the records queued before them are written
-		// (the queue ran empty), or after a queue's worth under load that
-		// never lets up, so that a follower learns of them in time.
-		if len(l.queue) == 0 || written >= cap(l.queue) {
-			written = 0
-			l.writeDropped()
-		}
-		if len(l.queue) == 0 {
+	for {
+		select {
+		case r, ok := <-l.queue:
+			if !ok {
+				l.finish()
+				return
+			}
+			l.write(r)
+			written++
+			// Report drops once the records queued before them are written
+			// (the queue ran empty), or after a queue's worth under load that
+			// never lets up, so that a follower learns of them in time.
+			if len(l.queue) == 0 || written >= cap(l.queue) {
+				written = 0
+				l.writeDropped()
+			}
+			if len(l.queue) == 0 {
+				l.flush()
+			}
+		case <-tick.C:
+			l.tick()
 			l.flush()
 		}
 	}
 }
 
-// flush writes what is buffered. A failure marks the log failing and closes
-// the file: the buffered records are lost, and the next write opens the
-// file again (openFile ends a torn last line first). A success clears it.
-func (l *Log) flush() {
-	if l.reopen {
-		return
-	}
-	if err := l.w.Flush(); err != nil {
-		l.failed(err)
-		l.f.Close()
-		l.reopen = true
-		return
-	}
-	l.failing.Store(nil)
+// finish ends the last interval and closes the files.
+func (l *Log) finish() {
+	l.endInterval(l.o.now())
+	l.writeDropped()
+	l.flush()
+	l.fail(l.kept.close())
+	l.fail(l.noise.close())
 }
 
-// failed records err as the first error and as why the log fails now.
-func (l *Log) failed(err error) {
-	l.fail(err)
-	msg := err.Error()
-	l.failing.Store(&msg)
+// tick ends an interval that is over and deletes files past the
+// retention.
+func (l *Log) tick() {
+	now := l.o.now()
+	if l.sort.due(now) {
+		l.endInterval(now)
+	}
+	if now.Sub(l.swept) >= l.o.Interval {
+		l.swept = now
+		l.expire(now)
+	}
+	l.checkFull()
+}
+
+func (l *Log) endInterval(now time.Time) {
+	noise, kept := l.sort.flush(now)
+	for _, r := range noise {
+		l.put(l.noise, r)
+	}
+	for _, r := range kept {
+		l.put(l.kept, r)
+	}
+}
+
+// write files one record.
+func (l *Log) write(r Record) {
+	if r.Sandbox != "" {
+		l.sb = r.Sandbox
+	}
+	switch l.sort.route(r) {
+	case toKept:
+		l.put(l.kept, r)
+	case toNoise:
+		l.put(l.noise, r)
+	}
+	if now := l.o.now(); l.sort.due(now) {
+		l.endInterval(now)
+	}
+}
+
+// put appends r to s, rotating s first if r would not fit. A kept series
+// that cannot rotate (full within the retention) passes r to the noise
+// series: a record of a decision already made is better there than lost.
+func (l *Log) put(s *series, r Record) {
+	line, err := json.Marshal(r)
+	if err != nil {
+		l.fail(fmt.Errorf("encoding audit record: %w", err))
+		return
+	}
+	line = append(line, '\n')
+	if !s.fits(line) && !l.rotate(s) && s == l.kept {
+		s = l.noise
+		if !s.fits(line) {
+			l.rotate(s)
+		}
+	}
+	s.add(line)
+	if s == l.kept {
+		l.checkFull()
+	}
+	l.putNotices()
+}
+
+// putNotices writes the dropped records of the rotations just done.
+func (l *Log) putNotices() {
+	for len(l.notices) > 0 {
+		n := l.notices[0]
+		l.notices = l.notices[1:]
+		l.put(l.kept, n)
+	}
+}
+
+// rotate starts a new file in s, deleting its oldest if need be. The kept
+// series deletes its oldest file only once that file is past the
+// retention; otherwise it does not rotate and rotate reports false.
+func (l *Log) rotate(s *series) bool {
+	l.flushSeries(s)
+	oldest := s.rotated(s.keep)
+	if t := mtime(oldest); !t.IsZero() {
+		if s == l.kept && l.o.now().Sub(t) < l.o.Retention {
+			return false
+		}
+		l.dropFile(oldest, "size bound")
+	}
+	if err := s.rotate(); err != nil {
+		// Keep appending to the file we have: an audit file over its
+		// size is better than a lost record.
+		l.fail(err)
+	}
+	if s == l.kept {
+		l.keptOldest = mtime(s.rotated(s.keep))
+	}
+	return true
+}
+
+// expire deletes the rotated files of both series whose last record is
+// older than the retention.
+func (l *Log) expire(now time.Time) {
+	for _, s := range []*series{l.kept, l.noise} {
+		for i := s.keep; i >= 1; i-- {
+			name := s.rotated(i)
+			if t := mtime(name); !t.IsZero() && now.Sub(t) >= l.o.Retention {
+				l.dropFile(name, "retention of "+l.o.Retention.String())
+			}
+		}
+	}
+	l.keptOldest = mtime(l.kept.rotated(l.kept.keep))
+	l.putNotices()
+}
+
+// checkFull says whether the kept series is about to be full of records
+// younger than the retention: its current file is within a reserve of its
+// size and its oldest file may not be deleted yet. The gate stops then,
+// with room left for the records of connections still open.
+func (l *Log) checkFull() {
+	s := l.kept
+	margin := min(int64(reserveBytes), s.fileBytes/8)
+	if s.size+int64(len(s.buf))+margin < s.fileBytes || l.keptOldest.IsZero() || l.o.now().Sub(l.keptOldest) >= l.o.Retention {
+		if l.full.Load() != nil {
+			l.full.Store(nil)
+			l.log.Info("the kept audit series has room again")
+		}
+		return
+	}
+	if l.full.Load() == nil {
+		msg := fmt.Sprintf("the audit log is full of records younger than its retention (%s) within its size bound (%d KiB): raise [audit] max_size or lower [audit] retention",
+			l.o.Retention, l.o.MaxBytes>>10)
+		l.full.Store(&msg)
+		l.log.Error(msg)
+	}
+}
+
+// dropFile deletes name and queues a dropped record saying what was in it.
+func (l *Log) dropFile(name, why string) {
+	kinds := map[string]int64{}
+	var n int64
+	readFile(name, func(r Record) bool {
+		if r.Verdict == Dropped {
+			// A notice deleted in turn passes on what it counted, so the
+			// newest notices add up to everything ever dropped.
+			n += r.Dropped
+			for k, v := range r.DroppedKinds {
+				kinds[k] += v
+			}
+			if r.DroppedKinds == nil {
+				kinds["lost"] += r.Dropped
+			}
+			return true
+		}
+		kinds[kindOf(r)]++
+		n++
+		return true
+	})
+	if err := os.Remove(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+		l.fail(fmt.Errorf("deleting audit file: %w", err))
+		return
+	}
+	if n == 0 {
+		return
+	}
+	l.notices = append(l.notices, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: l.sb, Verdict: Dropped,
+		Reason: fmt.Sprintf("deleted %s (%d records) for the audit's %s", filepath.Base(name), n, why), Dropped: n, DroppedKinds: kinds})
+}
+
+// kindOf is a record's kind in a dropped record's dropped_kinds.
+func kindOf(r Record) string {
+	switch {
+	case r.Count > 0:
+		return "aggregate"
+	case len(r.Transforms) > 0:
+		return "secret"
+	case r.Verdict == Allow || r.Verdict == WouldDeny:
+		return "allow"
+	case r.Verdict == Deny:
+		return "deny"
+	}
+	return "other"
+}
+
+func mtime(name string) time.Time {
+	fi, err := os.Stat(name)
+	if err != nil {
+		return time.Time{}
+	}
+	return fi.ModTime()
+}
+
+// flush writes what both series hold. A failure marks the log failing and
+// counts the records lost; the first success after it writes a dropped
+// record saying how many were lost and why.
+func (l *Log) flush() {
+	l.flushSeries(l.kept)
+	l.flushSeries(l.noise)
+	if l.why == "" && l.unwritten > 0 {
+		n := l.unwritten
+		l.unwritten = 0
+		l.log.Warn("audit records were lost while the log could not be written", "lost", n, "why", l.lostWhy)
+		l.put(l.kept, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: l.sb, Verdict: Dropped, Dropped: n,
+			Reason: fmt.Sprintf("%d records could not be written: %s", n, l.lostWhy)})
+		l.flushSeries(l.kept)
+		l.flushSeries(l.noise)
+	}
+}
+
+func (l *Log) flushSeries(s *series) {
+	lost, err := s.flush()
+	if err == nil {
+		err = s.reserve()
+	} else if lost > 0 {
+		l.lost.Add(int64(lost))
+		if l.unwritten == 0 {
+			l.lostWhy = err.Error()
+		}
+		l.unwritten += int64(lost)
+		l.log.Error("audit records could not be written", "lost", lost, "err", err)
+	}
+	s.why = ""
+	if err != nil {
+		l.fail(err)
+		s.why = err.Error()
+	}
+	// Failing until both series work again.
+	switch why := cmp.Or(l.kept.why, l.noise.why); {
+	case why != "" && why != l.why:
+		l.failing.Store(&why)
+	case why == "" && l.why != "":
+		l.failing.Store(nil)
+	}
+	l.why = cmp.Or(l.kept.why, l.noise.why)
 }
 
 // writeDropped writes a dropped record if Write has dropped any since the
@@ -294,61 +590,10 @@ func (l *Log) writeDropped() {
 	if p := l.dropSB.Load(); p != nil {
 		sb = *p
 	}
-	l.write(Record{Schema: Schema, Time: time.Now().UTC(), Sandbox: sb, Verdict: Dropped,
+	l.log.Warn("audit records were dropped: the gate decided faster than they could be written", "lost", n)
+	l.put(l.kept, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: sb, Verdict: Dropped,
 		Reason: fmt.Sprintf("audit queue full: %d records lost", n), Dropped: n})
 }
-
-// write appends one record, rotating first if it would not fit.
-func (l *Log) write(r Record) {
-	line, err := json.Marshal(r)
-	if err != nil {
-		l.fail(fmt.Errorf("encoding audit record: %w", err))
-		return
-	}
-	line = append(line, '\n')
-	if l.reopen {
-		if err := l.openFile(); err != nil {
-			l.failed(err)
-			return
-		}
-		l.reopen = false
-	}
-	if l.size > 0 && l.size+int64(len(line)) > l.maxBytes {
-		if err := l.rotate(); err != nil {
-			// Keep appending to the file we have: an audit file over its
-			// size is better than a lost record.
-			l.fail(err)
-		}
-	}
-	n, err := l.w.Write(line)
-	l.size += int64(n)
-	l.fail(err)
-}
-
-// rotate shifts path.(keep-1) … path.1, path up by one, dropping path.keep,
-// and starts a new, empty path.
-func (l *Log) rotate() error {
-	if err := l.w.Flush(); err != nil {
-		return fmt.Errorf("rotating audit log: %w", err)
-	}
-	for i := l.keep - 1; i >= 1; i-- {
-		err := os.Rename(l.rotated(i), l.rotated(i+1))
-		if err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("rotating audit log: %w", err)
-		}
-	}
-	if err := os.Rename(l.path, l.rotated(1)); err != nil {
-		return fmt.Errorf("rotating audit log: %w", err)
-	}
-	old := l.f
-	if err := l.openFile(); err != nil {
-		return err
-	}
-	old.Close()
-	return nil
-}
-
-func (l *Log) rotated(i int) string { return l.path + "." + strconv.Itoa(i) }
 
 func (l *Log) fail(err error) {
 	if err != nil && l.err == nil {

@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -57,47 +56,143 @@ func TestLogWriteSetsSchemaAndTime(t *testing.T) {
 	}
 }
 
+// Rotation within the retention never deletes a kept record: the kept
+// series stops rotating and says so (Failing), and the records still
+// coming go to the noise series; once the clock passes the retention, the
+// oldest kept file goes, and a dropped record says what was in it.
 func TestLogRotation(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "audit.jsonl")
-	const maxBytes, keep, n = 1000, 2, 40
-	l, err := Open(path, maxBytes, keep)
+	clock := newClock()
+	const fileBytes, keep = 1000, 2
+	l, err := OpenWith(path, Options{fileBytes: fileBytes, keep: keep, Retention: time.Hour, now: clock.now})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range n {
-		l.Write(rec(i))
+	n := 0
+	for ; l.Failing() == nil && n < 200; n++ {
+		l.Write(rec(n))
+		waitWritten(t, l)
 	}
-	if err := l.Close(); err != nil {
-		t.Fatal(err)
+	if l.Failing() == nil {
+		t.Fatalf("%d records in %d-byte files, %d rotated: the kept series never said it was full", n, fileBytes, keep)
 	}
-	names, _ := filepath.Glob(path + "*")
-	if want := []string{path, path + ".1", path + ".2"}; strings.Join(names, " ") != strings.Join(want, " ") {
-		t.Fatalf("files %v, want %v", names, want)
+	t.Logf("full after %d records: %v", n, l.Failing())
+	// Decisions already made still get recorded (in the noise series).
+	for i := range 5 {
+		l.Write(rec(n + i))
 	}
-	for _, name := range names {
+	waitWritten(t, l)
+	got := bytesUp(readAll(t, path))
+	for i := range n + 5 {
+		if got[int64(i)] != 1 {
+			t.Fatalf("record #%d read %d times, want once", i, got[int64(i)])
+		}
+	}
+	for _, name := range auditFiles(t, dir) {
 		fi, err := os.Stat(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if fi.Size() > maxBytes || fi.Size() == 0 {
-			t.Errorf("%s: %d bytes, want 1 to %d", name, fi.Size(), maxBytes)
+		if fi.Size() > fileBytes || fi.Size() == 0 {
+			t.Errorf("%s: %d bytes, want 1 to %d", name, fi.Size(), fileBytes)
 		}
 		if fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: mode %v, want 0600", name, fi.Mode().Perm())
 		}
 	}
-	// Read sees the newest records, oldest first, without gaps: the oldest
-	// went with the file beyond keep.
-	got := readAll(t, path)
-	if len(got) == 0 || len(got) >= n {
-		t.Fatalf("got %d records, want some but fewer than %d", len(got), n)
+
+	// Past the retention, the oldest kept file may go, and is accounted for.
+	clock.add(2 * time.Hour)
+	for i := range 20 {
+		l.Write(rec(1000 + i))
 	}
-	for i, r := range got {
-		if want := int64(n - len(got) + i); r.BytesUp != want {
-			t.Fatalf("record %d is #%d, want #%d", i, r.BytesUp, want)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var dropped int64
+	kinds := map[string]int64{}
+	recs := readAll(t, path)
+	for _, r := range recs {
+		if r.Verdict == Dropped {
+			dropped += r.Dropped
+			for k, v := range r.DroppedKinds {
+				kinds[k] += v
+			}
 		}
 	}
+	got = bytesUp(recs)
+	var left int64
+	for i := range n + 5 {
+		left += got[int64(i)]
+	}
+	if dropped == 0 || kinds["allow"] != dropped || left+dropped < int64(n+5) {
+		t.Fatalf("after the retention: %d of the first %d records left, %d dropped (%v); want the rest dropped, as allow", left, n+5, dropped, kinds)
+	}
+	if l.Failing() != nil {
+		t.Errorf("still failing after the retention freed the kept series: %v", l.Failing())
+	}
+}
+
+// clock is a settable time for Options.now.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+// newClock starts at the real time: files' mtimes, which the retention
+// is judged by, are the real clock's.
+func newClock() *clock { return &clock{t: time.Now()} }
+
+func (c *clock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// waitWritten returns once the writer has taken everything queued and
+// flushed it.
+func waitWritten(t *testing.T, l *Log) {
+	t.Helper()
+	waitQueued(t, l)
+	time.Sleep(20 * time.Millisecond)
+}
+
+// waitQueued returns once the writer has taken everything queued.
+func waitQueued(t *testing.T, l *Log) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); len(l.queue) > 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the writer did not drain its queue within 5 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func bytesUp(recs []Record) map[int64]int64 {
+	m := map[int64]int64{}
+	for _, r := range recs {
+		if r.Verdict == Allow {
+			m[r.BytesUp]++
+		}
+	}
+	return m
+}
+
+// auditFiles lists both series' files in dir.
+func auditFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	names, err := filepath.Glob(filepath.Join(dir, "audit*.jsonl*"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return names
 }
 
 func TestLogReopenAppends(t *testing.T) {
@@ -175,7 +270,7 @@ func TestLogConcurrentWrites(t *testing.T) {
 
 func TestLogDropsWhenFullAndSaysSo(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "audit.jsonl")
-	l, err := newLog(path, DefaultMaxBytes, DefaultKeep, 2) // writer not started yet: a stalled disk
+	l, err := newLog(path, Options{queued: 2}) // writer not started yet: a stalled disk
 	if err != nil {
 		t.Fatal(err)
 	}

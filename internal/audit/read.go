@@ -25,36 +25,98 @@ const followPoll = 200 * time.Millisecond
 // bytes, so anything longer is damage, skipped rather than held.
 const maxLineBytes = 1 << 20
 
-// Read calls fn for every record in the rotated files, oldest first, then in
-// path itself, until fn returns false. Lines that are not records (a line
-// torn by a crash, a final line still being written) are skipped. If a
-// rotation happens while Read runs, records may be seen twice or missed. It
-// returns an error wrapping fs.ErrNotExist when there is no audit file at
-// all.
+// Read calls fn for every record of the audit log at path, oldest first,
+// until fn returns false: the kept series (path's rotated files, oldest
+// first, then path) and the noise series (NoisePath) merged by time. Lines
+// that are not records (a line torn by a crash, a final line still being
+// written) are skipped. If a rotation happens while Read runs, records may
+// be seen twice or missed. It returns an error wrapping fs.ErrNotExist
+// when there is no audit file at all.
 func Read(path string, fn func(Record) bool) error {
-	files, err := rotatedFiles(path)
-	if err != nil {
-		return err
-	}
-	files = append(files, path)
-	found := false
-	for _, name := range files {
-		more, err := readFile(name, fn)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue // rotated away since it was listed
-		}
+	var its [2]*fileIter
+	for i, p := range []string{path, NoisePath(path)} {
+		files, err := rotatedFiles(p)
 		if err != nil {
 			return err
 		}
-		found = true
-		if !more {
+		its[i] = &fileIter{names: append(files, p)}
+	}
+	kept, noise := its[0], its[1]
+	rk, okK, err := kept.next()
+	if err != nil {
+		return err
+	}
+	rn, okN, err := noise.next()
+	if err != nil {
+		return err
+	}
+	for okK || okN {
+		// Records within a series are nearly in time order; the merge
+		// keeps each series' order and interleaves the two by time.
+		it, r := kept, rk
+		if !okK || okN && rn.Time.Before(rk.Time) {
+			it, r = noise, rn
+		}
+		if !fn(r) {
 			return nil
 		}
+		var ok bool
+		if r, ok, err = it.next(); err != nil {
+			return err
+		}
+		if it == kept {
+			rk, okK = r, ok
+		} else {
+			rn, okN = r, ok
+		}
 	}
-	if !found {
+	if !kept.found && !noise.found {
 		return fmt.Errorf("reading audit log: %w", &fs.PathError{Op: "open", Path: path, Err: fs.ErrNotExist})
 	}
 	return nil
+}
+
+// fileIter reads the records of a list of files in turn.
+type fileIter struct {
+	names []string
+	f     *os.File
+	br    *bufio.Reader
+	found bool // a file was there
+}
+
+// next returns the next record, false at the end of the last file.
+func (it *fileIter) next() (Record, bool, error) {
+	for {
+		if it.br == nil {
+			if len(it.names) == 0 {
+				return Record{}, false, nil
+			}
+			f, err := os.Open(it.names[0])
+			it.names = it.names[1:]
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // rotated away since it was listed, or never made
+			}
+			if err != nil {
+				return Record{}, false, fmt.Errorf("reading audit log: %w", err)
+			}
+			it.f, it.br, it.found = f, bufio.NewReaderSize(f, 64<<10), true
+		}
+		line, err := it.br.ReadBytes('\n')
+		if err == io.EOF {
+			// A last line without "\n" is still being written, or was
+			// torn: never a record.
+			it.f.Close()
+			it.f, it.br = nil, nil
+			continue
+		}
+		if err != nil {
+			it.f.Close()
+			return Record{}, false, fmt.Errorf("reading audit log: %w", err)
+		}
+		if r, ok := parseLine(line); ok {
+			return r, true, nil
+		}
+	}
 }
 
 // rotatedFiles lists path.N, oldest (highest N) first.
@@ -124,19 +186,24 @@ func parseLine(line []byte) (Record, bool) {
 	return r, true
 }
 
-// Follow calls fn for every record in path, from the start of the file, and
-// then for each record appended to it, until ctx is done; it then returns
-// nil. It follows the log across rotations: when path is replaced it
+// Follow calls fn for every record in path and NoisePath(path), from the
+// start of the files, and then for each record appended to them, until ctx
+// is done; it then returns nil. The two series are interleaved as they are
+// polled, not by time. It follows the log across rotations: when path is replaced it
 // finishes the old file and continues with the new one from its start. It
 // waits for path to appear if it does not exist yet. Records already rotated
 // away when Follow starts are not delivered; use Read for history.
 func Follow(ctx context.Context, path string, fn func(Record)) error {
-	t := tail{fn: fn}
-	defer t.close()
+	kept, noise := tail{fn: fn}, tail{fn: fn}
+	defer kept.close()
+	defer noise.close()
 	tick := time.NewTicker(followPoll)
 	defer tick.Stop()
 	for {
-		if err := t.poll(path); err != nil {
+		if err := kept.poll(path); err != nil {
+			return err
+		}
+		if err := noise.poll(NoisePath(path)); err != nil {
 			return err
 		}
 		select {
