@@ -47,6 +47,8 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 	}
 	defer c.Close()
 	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
+	// The ledger's times are the daemon's, on this host's clock.
+	start := time.Now()
 	code, err := session.Run(ctx, c, session.Options{
 		Argv: argv, TTY: tty, Dir: workdir, Env: sessEnv,
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
@@ -55,6 +57,7 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 		return withCode(ExitRun, err)
 	}
 	if code != 0 {
+		printRefusals(os.Stderr, dir, start)
 		return commandExit(code)
 	}
 	return nil
