@@ -431,11 +431,11 @@ func newListCmd() *cobra.Command {
 				return json.NewEncoder(out).Encode(map[string]any{"schema": 1, "sandboxes": entries})
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tCPU\tMEMORY\tIMAGE\tWORKSPACE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tCPU\tMEMORY\tDISK\tIMAGE\tWORKSPACE")
 			for _, r := range recs {
 				le := e.entry(r)
 				cpu, mem := resourceColumns(le.Resources)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", le.Name, stateText(le), cpu, mem, le.Image, le.Workspace)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", le.Name, stateText(le), cpu, mem, diskColumn(le.Disk), le.Image, le.Workspace)
 			}
 			return tw.Flush()
 		},
@@ -478,6 +478,7 @@ func newStatusCmd() *cobra.Command {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
 			}
 			printResources(out, le.Resources)
+			printDisk(out, le.Disk)
 			printActivity(out, le.Activity, le.Gate)
 			for _, w := range le.Warnings {
 				fmt.Fprintf(out, "warning:    %s\n", w)

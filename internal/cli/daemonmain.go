@@ -89,6 +89,7 @@ func daemonMain(dir string) int {
 		ID: "moat-" + rec.Name, StateDir: dir, Runsc: e.runsc, Moat: e.exe,
 		GuestDir: filepath.Join(dir, "guest"), Hostname: rec.Name, Image: rec.Image,
 		Workspace: rec.Workspace, Debug: os.Getenv("MOAT_DEBUG_RUNSC") != "",
+		DiskLimit: cfg.Sandbox.DiskBytes, DiskUnlimited: cfg.Sandbox.DiskUnlimited, DiskFrom: cfg.Sandbox.DiskFrom,
 	}
 	// The workspace is a share like the others, read-write.
 	ws := config.Share{Path: rec.Workspace, Source: workspaceSource}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/policy"
 )
 
@@ -135,6 +136,9 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 		c.fail("sandbox.memory_max", "%s is less than sandbox.memory %s; the ceiling must be at least the baseline",
 			FormatSize(*s.MemoryMaxBytes), FormatSize(*s.MemoryBytes))
 	}
+	if r.Disk != nil {
+		s.DiskBytes = c.disk("sandbox.disk", *r.Disk)
+	}
 	if r.IdleTimeout != nil {
 		d, err := parseIdle(*r.IdleTimeout)
 		if err != nil {
@@ -221,6 +225,24 @@ func (c *checker) size(key string, v *string) *uint64 {
 	}
 	if n < minMemory {
 		c.fail(key, "%q is less than the minimum of 64MiB; sizes without a unit are bytes, so write e.g. \"512MiB\"", *v)
+		return nil
+	}
+	return &n
+}
+
+// disk reads sandbox.disk: a size of at least disk.MinBytes, or
+// "unlimited" (0).
+func (c *checker) disk(key, v string) *uint64 {
+	if v == "unlimited" {
+		return new(uint64)
+	}
+	n, err := ParseSize(v)
+	if err != nil {
+		c.fail(key, "%s, or \"unlimited\"", err.(*Error).Msg)
+		return nil
+	}
+	if n < disk.MinBytes {
+		c.fail(key, "%q is less than the minimum of %s; sizes without a unit are bytes, so write e.g. \"20GiB\"", v, FormatSize(disk.MinBytes))
 		return nil
 	}
 	return &n

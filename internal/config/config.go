@@ -111,6 +111,13 @@ type Sandbox struct {
 	// the sandbox's daemon and reaper; 0: derived from MemoryMaxBytes
 	// (resources.DaemonLimit).
 	DaemonMemoryMaxBytes uint64 `json:"daemon_memory_max_bytes,omitempty"`
+	// DiskBytes limits the writable layer (internal/disk); 0: not set, a
+	// new sandbox's image gets disk.Default and an existing one keeps its
+	// size. DiskUnlimited: disk = "unlimited". DiskFrom: the file that set
+	// it, which the daemon's errors name (the snapshot keeps no origins).
+	DiskBytes     uint64 `json:"disk_bytes,omitempty"`
+	DiskUnlimited bool   `json:"disk_unlimited,omitempty"`
+	DiskFrom      string `json:"disk_from,omitempty"`
 }
 
 // Share is a host path mounted into the guest.

@@ -118,6 +118,12 @@ func (c *Config) mergeSandbox(f *File) {
 	set("sandbox.memory_max", s.MemoryMaxBytes != nil)
 	setVal(&c.Sandbox.DaemonMemoryMaxBytes, s.DaemonMemoryMaxBytes)
 	set("sandbox.daemon_memory_max", s.DaemonMemoryMaxBytes != nil)
+	if s.DiskBytes != nil {
+		c.Sandbox.DiskBytes = *s.DiskBytes
+		c.Sandbox.DiskUnlimited = *s.DiskBytes == 0
+		c.Sandbox.DiskFrom = f.Path
+		set("sandbox.disk", true)
+	}
 	if s.IdleTimeout != nil {
 		c.Sandbox.IdleTimeout = *s.IdleTimeout
 		c.Sandbox.IdleOff = *s.IdleTimeout == 0

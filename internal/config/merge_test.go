@@ -428,3 +428,27 @@ func TestMergeNetworkMode(t *testing.T) {
 		})
 	}
 }
+
+func TestMergeDisk(t *testing.T) {
+	type disk struct {
+		bytes     uint64
+		unlimited bool
+		from      string
+	}
+	tests := []struct {
+		name, user, project string
+		want                disk
+	}{
+		{"not set", "", "", disk{}},
+		{"user", `sandbox.disk = "10GiB"`, "", disk{10 << 30, false, userPath}},
+		{"project wins", `sandbox.disk = "10GiB"`, `sandbox.disk = "64MiB"`, disk{64 << 20, false, projectPath}},
+		{"project unlimited", `sandbox.disk = "10GiB"`, `sandbox.disk = "unlimited"`, disk{0, true, projectPath}},
+		{"project size after user unlimited", `sandbox.disk = "unlimited"`, `sandbox.disk = "1GiB"`, disk{1 << 30, false, projectPath}},
+	}
+	for _, tt := range tests {
+		s := Merge(mustParse(t, userPath, tt.user), mustParse(t, projectPath, tt.project)).Sandbox
+		if got := (disk{s.DiskBytes, s.DiskUnlimited, s.DiskFrom}); got != tt.want {
+			t.Errorf("%s: got %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}

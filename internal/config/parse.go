@@ -51,6 +51,9 @@ type SandboxLayer struct {
 	// DaemonMemoryMaxBytes limits the sandbox's daemon group
 	// (resources.DaemonLimit); absent: derived from memory_max.
 	DaemonMemoryMaxBytes *uint64
+	// DiskBytes is 0 for "unlimited": no accepted size is below
+	// disk.MinBytes, so 0 cannot mean anything else.
+	DiskBytes *uint64
 }
 
 // ParseFile reads and parses path. A missing file is an error wrapping
@@ -123,6 +126,7 @@ type rawSandbox struct {
 	PidsMax     *int64  `toml:"pids_max"`
 	IdleTimeout *string `toml:"idle_timeout"`
 	DaemonMax   *string `toml:"daemon_memory_max"`
+	Disk        *string `toml:"disk"`
 }
 
 type rawShare struct {
@@ -173,7 +177,7 @@ type rawHooks struct {
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
 	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent"},
-	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max"},
+	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
 	"network":    {"use", "allow", "block", "inspect", "trust", "mode"},
@@ -197,6 +201,7 @@ var (
 	wantBool    = want{"true or false", []unstable.Kind{unstable.Bool}}
 	wantList    = want{"a list of strings, e.g. [\"a\", \"b\"]", []unstable.Kind{unstable.Array}}
 	wantSize    = want{`a size string such as "1GiB" (with quotes)`, []unstable.Kind{unstable.String}}
+	wantDisk    = want{`a size string such as "20GiB", or "unlimited"`, []unstable.Kind{unstable.String}}
 	wantIdle    = want{`a duration string such as "30m", or "off"`, []unstable.Kind{unstable.String}}
 	wantPorts   = want{`a list of ports, e.g. [3000, "8080:80"]`, []unstable.Kind{unstable.Array}}
 	wantPort    = want{`a port (3000) or a "host:guest" string ("8080:80")`, []unstable.Kind{unstable.Integer, unstable.String}}
@@ -275,6 +280,7 @@ var wants = map[string]want{
 
 	// In its own block: one long key would realign the whole table.
 	"sandbox.daemon_memory_max": wantSize,
+	"sandbox.disk":              wantDisk,
 }
 
 // decodeError turns the decoder's error into *Errors that name the full

@@ -151,6 +151,9 @@ func TestParseScalars(t *testing.T) {
 		{`sandbox = { cpus = 1, pids_max = 1 }`, SandboxLayer{CPUs: ptr(1), PidsMax: ptr(1)}},
 		{"[sandbox]\nmemory = \"1G\"\nmemory_max = \"1GiB\"", SandboxLayer{MemoryBytes: ptr(uint64(1 << 30)), MemoryMaxBytes: ptr(uint64(1 << 30))}},
 		{`sandbox.daemon_memory_max = "256MiB"`, SandboxLayer{DaemonMemoryMaxBytes: ptr(uint64(256 << 20))}},
+		{`sandbox.disk = "20GiB"`, SandboxLayer{DiskBytes: ptr(uint64(20 << 30))}},
+		{`sandbox.disk = "32MiB"`, SandboxLayer{DiskBytes: ptr(uint64(32 << 20))}},
+		{`sandbox.disk = "unlimited"`, SandboxLayer{DiskBytes: ptr(uint64(0))}},
 	}
 	for _, tt := range tests {
 		got, err := parse(t, tt.doc)
@@ -264,6 +267,9 @@ func TestParseErrors(t *testing.T) {
 		{"tiny size", `sandbox.memory = "512"`, []string{`sandbox.memory: "512" is less than the minimum of 64MiB; sizes without a unit are bytes`}},
 		{"tiny daemon", `sandbox.daemon_memory_max = "32MiB"`, []string{`sandbox.daemon_memory_max: "32MiB" is less than the minimum of 64MiB`}},
 		{"daemon type", `sandbox.daemon_memory_max = 256`, []string{"sandbox.daemon_memory_max: expected a size string"}},
+		{"tiny disk", "[sandbox]\ndisk = \"16MiB\"", []string{`moat.toml:2:8: sandbox.disk: "16MiB" is less than the minimum of 32MiB; sizes without a unit are bytes`}},
+		{"bad disk", `sandbox.disk = "lots"`, []string{`sandbox.disk: "lots" is not a size; write e.g. "512MiB" or "2GiB", or "unlimited"`}},
+		{"disk type", `sandbox.disk = 20`, []string{`sandbox.disk: expected a size string such as "20GiB", or "unlimited"`}},
 		{"max below memory", "[sandbox]\nmemory = \"2GiB\"\nmemory_max = \"1GiB\"",
 			[]string{"3:14: sandbox.memory_max: 1GiB is less than sandbox.memory 2GiB"}},
 		{"bad duration", `sandbox.idle_timeout = "30 minutes"`, []string{`sandbox.idle_timeout: "30 minutes" is not a duration; write e.g. "30m", "2h" or "off"`}},
@@ -353,7 +359,7 @@ func TestErrorFields(t *testing.T) {
 	if e.Key != "sandbox.imgae" || e.Line != 4 || e.Col != 1 {
 		t.Errorf("got %#v, want key sandbox.imgae at 4:1", e)
 	}
-	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout, daemon_memory_max (did you mean "image"?)`
+	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout, daemon_memory_max, disk (did you mean "image"?)`
 	if e.Error() != wantMsg {
 		t.Errorf("Error() = %q\nwant      %q", e.Error(), wantMsg)
 	}

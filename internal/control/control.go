@@ -57,6 +57,9 @@ type Status struct {
 	Activity *Activity `json:"activity,omitempty"`
 	// Gate: the network gate's mode and its interactive watchers.
 	Gate *GateStatus `json:"gate,omitempty"`
+	// Disk: the writable layer's use and limit; nil for a sandbox
+	// without a limit (disk = "unlimited").
+	Disk *Disk `json:"disk,omitempty"`
 }
 
 // Activity is what the idle stop measures.

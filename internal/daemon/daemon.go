@@ -330,6 +330,9 @@ func (d *daemon) prepare() error {
 	os.RemoveAll(runtime.RunscRoot(d.o.Dir))
 	os.MkdirAll(runtime.RunscRoot(d.o.Dir), 0o700)
 	os.Remove(filepath.Join(d.o.Dir, "control.sock"))
+	if err := runtime.PrepareDisk(d.o.Plan, d.log); err != nil {
+		return err
+	}
 	return runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
 }
 
@@ -550,6 +553,7 @@ func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	}
 	st.Resources = d.resourceStatus()
 	st.Activity, st.Gate = d.activityStatus(), d.gateStatus()
+	st.Disk = DiskStatus(d.o.Dir, int(d.shimPID.Load()))
 	if rec != nil {
 		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
 	}

@@ -12,6 +12,19 @@
 // die with their PID 1, and the namespaces — with every mount and the TAP
 // device in them — go away with their last process. There is no cleanup
 // code that has to run for that to be true.
+//
+// The same holds for the writable layer's disk image (internal/disk): the
+// shim attaches it to a loop device that detaches itself once unmounted
+// (LO_FLAGS_AUTOCLEAR) and mounts it only in its own mount namespace, so
+// the image is unmounted and its loop device freed when the namespace
+// goes, however the shim ended. What the shim sets up, and what frees it:
+//
+//	cgroup             the reaper (internal/resources), or the daemon
+//	/proc, overlays    the mount namespace, with its last process
+//	disk image mount   the mount namespace, with its last process
+//	loop device        autoclear, when the image's mount goes
+//	tap0               the network namespace, with its last process
+//	runsc's processes  the PID namespace, with the shim (its PID 1)
 package runtime
 
 import (
@@ -19,6 +32,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"moat.dev/moat/internal/disk"
 )
 
 // Share is a host path mounted into the guest.
@@ -52,13 +67,34 @@ type Plan struct {
 	// PidsMax is also the guest's RLIMIT_NPROC, so a fork bomb of the
 	// agent user fails with EAGAIN inside the guest; 0: no limit.
 	PidsMax int `json:"pids_max,omitempty"`
+	// DiskLimit is [sandbox] disk in bytes, 0 when not set (a new image
+	// then gets disk.Default); DiskUnlimited is disk = "unlimited": no
+	// image, the writable layer directly in the state dir.
+	DiskLimit     uint64 `json:"disk_limit,omitempty"`
+	DiskUnlimited bool   `json:"disk_unlimited,omitempty"`
+	// DiskFrom is the config file that set disk, for errors.
+	DiskFrom string `json:"disk_from,omitempty"`
+	// Disk: PrepareDisk made the image, and the shim mounts it on
+	// StateDir/disk to hold upper/, work/ and root/.
+	Disk bool `json:"disk,omitempty"`
 }
 
 // Paths inside a sandbox's state dir. These names are on disk: frozen.
-func (p *Plan) upper() string   { return filepath.Join(p.StateDir, "upper") }
-func (p *Plan) work() string    { return filepath.Join(p.StateDir, "work") }
+// upper, work and root hold what the guest writes: in the disk image's
+// mount when there is one, else in the state dir itself (disk =
+// "unlimited", and sandboxes made before disk limits until their first
+// start with one). merged holds only mount points.
+func (p *Plan) upper() string   { return filepath.Join(p.layerDir(), "upper") }
+func (p *Plan) work() string    { return filepath.Join(p.layerDir(), "work") }
 func (p *Plan) merged() string  { return filepath.Join(p.StateDir, "merged") }
-func (p *Plan) rootDir() string { return filepath.Join(p.StateDir, "root") }
+func (p *Plan) rootDir() string { return filepath.Join(p.layerDir(), "root") }
+
+func (p *Plan) layerDir() string {
+	if p.Disk {
+		return filepath.Join(p.StateDir, disk.MountName)
+	}
+	return p.StateDir
+}
 
 // RunscRoot is runsc's --root for this sandbox.
 func RunscRoot(stateDir string) string { return filepath.Join(stateDir, "runsc") }

@@ -177,6 +177,11 @@ type bindMount struct {
 // mountRootfs builds the root filesystem in this (private) mount namespace
 // and returns the root path and the bind mounts to place on it.
 func (p *Plan) mountRootfs() (string, []bindMount, error) {
+	if p.Disk {
+		if err := p.mountDisk(); err != nil {
+			return "", nil, err
+		}
+	}
 	for _, d := range []string{p.upper(), p.work(), p.merged()} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return "", nil, err

@@ -1,0 +1,36 @@
+package cli
+
+import (
+	"fmt"
+	"io"
+
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/daemon"
+	"moat.dev/moat/internal/disk"
+)
+
+// diskColumn is `moat list`'s DISK: used/limit, or "-" for a sandbox
+// without a limit or one never started.
+func diskColumn(d *control.Disk) string {
+	if d == nil {
+		return "-"
+	}
+	return disk.FormatBytes(d.UsedBytes) + "/" + disk.FormatBytes(d.LimitBytes)
+}
+
+// printDisk is `moat status`'s disk line.
+func printDisk(out io.Writer, d *control.Disk) {
+	if d == nil {
+		return
+	}
+	pct := 0.0
+	if d.LimitBytes > 0 {
+		pct = 100 * float64(d.UsedBytes) / float64(d.LimitBytes)
+	}
+	fmt.Fprintf(out, "disk:       %s used of %s (%.0f%%); the image takes %s on the host\n",
+		disk.FormatBytes(d.UsedBytes), disk.FormatBytes(d.LimitBytes), pct, disk.FormatBytes(d.HostBytes))
+}
+
+// stoppedDisk is the disk use of a sandbox that is not running, read from
+// its image.
+func stoppedDisk(dir string) *control.Disk { return daemon.DiskStatus(dir, 0) }
