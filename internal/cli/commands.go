@@ -379,6 +379,8 @@ type listEntry struct {
 	// (running sandboxes only).
 	Activity *control.Activity   `json:"activity,omitempty"`
 	Gate     *control.GateStatus `json:"gate,omitempty"`
+	// Disk: the writable layer's use and limit (disk.go).
+	Disk *control.Disk `json:"disk,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -395,7 +397,10 @@ func (e *env) entry(r *state.Record) listEntry {
 			le.Warnings = s.Warnings
 			le.Resources = s.Resources
 			le.Activity, le.Gate = s.Activity, s.Gate
+			le.Disk = s.Disk
 		}
+	} else {
+		le.Disk = stoppedDisk(dir)
 	}
 	return le
 }
