@@ -37,8 +37,10 @@ import (
 	"crypto/x509"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -117,6 +119,12 @@ type Gate struct {
 	// unrecorded: the audit log was failing at the last decision (the
 	// daemon's log says so once per episode).
 	unrecorded atomic.Bool
+
+	// flowPrefix and flows number the carried connections, whose start
+	// and end records share a flow id: random per gate, so ids from
+	// before a restart of the daemon do not meet the new ones.
+	flowPrefix string
+	flowSeq    atomic.Uint64
 }
 
 // hostAddrsTTL: the host's addresses change rarely (DHCP, VPN up/down);
@@ -137,7 +145,8 @@ func New(o Options) *Gate {
 	if o.PeekTimeout == 0 {
 		o.PeekTimeout = 10 * time.Second
 	}
-	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now)}
+	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now),
+		flowPrefix: strconv.FormatUint(rand.Uint64()>>32, 36)}
 	if o.Policy != nil {
 		g.policy.Store(o.Policy)
 	}
@@ -296,6 +305,35 @@ func (g *Gate) audit(r audit.Record) {
 	} else {
 		g.allowed.Add(1)
 	}
+	if g.o.Audit != nil {
+		g.o.Audit.Write(r)
+	}
+}
+
+// auditStart records a connection the gate is about to carry, as soon as
+// it is decided and dialed: verdict, destination, rule, upstream. Its
+// end is a second record (auditEnd) with the same flow id, so a
+// connection that ends while its end cannot be written (a full disk)
+// keeps its decision on record.
+func (g *Gate) auditStart(t *tcpTrace) {
+	t.rec.Time = g.o.Now().UTC()
+	t.rec.Flow = g.flowPrefix + "-" + strconv.FormatUint(g.flowSeq.Add(1), 10)
+	r := t.rec
+	r.Phase = audit.PhaseStart
+	g.audit(r)
+}
+
+// auditEnd records the end of a connection auditStart recorded: the same
+// fields with bytes and duration. It counts nothing: the decision was
+// counted at its start.
+func (g *Gate) auditEnd(t *tcpTrace) {
+	if t.rec.Flow == "" {
+		// Not started (cannot happen): a whole record, counted.
+		g.audit(t.rec)
+		return
+	}
+	r := t.rec
+	r.Phase, r.Sandbox = audit.PhaseEnd, g.o.Sandbox
 	if g.o.Audit != nil {
 		g.o.Audit.Write(r)
 	}

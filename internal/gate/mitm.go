@@ -283,15 +283,16 @@ func (g *Gate) intercept(ctx context.Context, c net.Conn, head []byte, tg target
 	}
 	gc := newGuestConn(c, head, ic)
 	t.rec.Verdict = t.verdict()
+	t.rec.Reason = "TLS terminated by the gate: " + why
+	g.auditStart(t)
 	if err := g.serveGuest(ctx, gc, 0); err != nil {
 		t.rec.Reason = "TLS handshake with the guest: " + err.Error()
 	} else {
-		t.rec.Reason = "TLS terminated by the gate: " + why
 		ic.wait()
 	}
 	t.rec.BytesUp, t.rec.BytesDown = gc.up.Load(), gc.down.Load()
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
-	g.audit(t.rec)
+	g.auditEnd(t)
 }
 
 // refuseTLSLegibly answers a denied SNI. With a CA the guest trusts, the

@@ -509,11 +509,13 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 	g.audit(t.rec)
 }
 
-// forward writes what was peeked, then copies both ways until both sides
-// are done, and audits the flow with its byte counts.
+// forward records the flow's start, writes what was peeked, then copies
+// both ways until both sides are done, and records the flow's end with its
+// byte counts.
 func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *tcpTrace) {
 	t.rec.Verdict = t.verdict()
 	t.rec.Upstream = up.RemoteAddr().String()
+	g.auditStart(t)
 	var upN, downN int64
 	if len(head) > 0 {
 		n, err := up.Write(head)
@@ -524,7 +526,7 @@ func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *
 			t.rec.Reason = "upstream write: " + err.Error()
 			t.rec.BytesUp = upN
 			t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
-			g.audit(t.rec)
+			g.auditEnd(t)
 			return
 		}
 	}
@@ -545,7 +547,7 @@ func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *
 	up.Close()
 	t.rec.BytesUp, t.rec.BytesDown = upN, downN
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
-	g.audit(t.rec)
+	g.auditEnd(t)
 }
 
 // Copy buffers. A flow starts with a small one, so that the thousands of
