@@ -39,6 +39,9 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 	if err != nil {
 		return err
 	}
+	if err := usableWorkspace(dir); err != nil {
+		return withCode(ExitRun, err)
+	}
 	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGPIPE)
 	defer cancel()
 	c, err := e.connect(ctx, dir)

@@ -113,8 +113,8 @@ func daemonMain(dir string) int {
 		imageEnv = img.Config.Env
 		plan.Env = imageEnv
 	}
-	home := "/home/agent"
-	env := []string{"HOME=" + home, "USER=agent", "LOGNAME=agent", "LANG=C.UTF-8",
+	user, home := guestUser(rec.GuestUID)
+	env := []string{"HOME=" + home, "USER=" + user, "LOGNAME=" + user, "LANG=C.UTF-8",
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	for _, kv := range imageEnv {
 		if !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "HOME=") {
@@ -122,7 +122,7 @@ func daemonMain(dir string) int {
 		}
 	}
 	g := &guestspec.Spec{
-		Schema: guestspec.Schema, Hostname: rec.Name, User: "agent", UID: rec.GuestUID, GID: rec.GuestGID,
+		Schema: guestspec.Schema, Hostname: rec.Name, User: user, UID: rec.GuestUID, GID: rec.GuestGID,
 		Home: home, Workspace: rec.Workspace, Listen: netstack.Guest.String() + ":22",
 		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
 		HostKey:       guestspec.Dir + "/host_key", Nameserver: netstack.Gateway.String(), Env: env,
@@ -152,4 +152,15 @@ func daemonMain(dir string) int {
 		return ExitError
 	}
 	return ExitOK
+}
+
+// guestUser is the agent user's name and home in the guest: "agent", or
+// root itself when the agent's uid is 0 (a workspace owned by root, used
+// by root without sudo): a second name for uid 0 would confuse every tool
+// that maps ids to names.
+func guestUser(uid int) (name, home string) {
+	if uid == 0 {
+		return "root", "/root"
+	}
+	return "agent", "/home/agent"
 }

@@ -201,7 +201,7 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	uid, gid := guestIDs()
+	uid, gid := guestIDs(ws)
 	rec := &state.Record{
 		Name: name, Workspace: ws, Image: imageName(cfg.Sandbox.Image), Runtime: "gvisor",
 		Desired: "stopped", State: state.StateCreated, Created: time.Now().UTC(),
@@ -231,21 +231,29 @@ func imageName(s string) string {
 	return s
 }
 
-// guestIDs are the agent user's ids: the invoking user's (through sudo)
-// when not root, else 1000.
-func guestIDs() (int, int) {
+// guestIDs are the agent user's ids: the invoking user's (through sudo,
+// or moat run by that user), else, for root without sudo (a CI job, a
+// container, a root shell in a VM), the workspace's owner's, so that what
+// the agent writes there belongs to whoever owns the project. A
+// workspace owned by root makes the agent root in the guest (gVisor's
+// root, not the host's).
+func guestIDs(ws string) (int, int) {
 	uid, _ := strconv.Atoi(os.Getenv("SUDO_UID"))
 	gid, _ := strconv.Atoi(os.Getenv("SUDO_GID"))
-	if uid <= 0 {
-		if os.Getuid() != 0 {
-			return os.Getuid(), os.Getgid()
+	if uid > 0 {
+		if gid <= 0 {
+			gid = uid
 		}
-		return 1000, 1000
+		return uid, gid
 	}
-	if gid <= 0 {
-		gid = uid
+	if os.Getuid() != 0 {
+		return os.Getuid(), os.Getgid()
 	}
-	return uid, gid
+	var st syscall.Stat_t
+	if err := syscall.Stat(ws, &st); err == nil {
+		return int(st.Uid), int(st.Gid)
+	}
+	return 1000, 1000
 }
 
 // images opens the image store.

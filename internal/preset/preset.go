@@ -58,9 +58,12 @@ var presets = map[string]*Preset{
 			{Env: "ANTHROPIC_API_KEY", Hosts: []string{"api.anthropic.com"}},
 			{Env: "CLAUDE_CODE_OAUTH_TOKEN", Hosts: []string{"api.anthropic.com"}},
 		},
-		// Without it Claude Code keeps retrying its telemetry and update
-		// checks against hosts the gate refuses.
-		Env:     map[string]string{"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1"},
+		// Without CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC Claude Code keeps
+		// retrying its telemetry and update checks against hosts the gate
+		// refuses. IS_SANDBOX tells it that it runs in one, which it asks
+		// of a root user before it accepts skipping permissions (the agent
+		// is root in a workspace root owns).
+		Env:     map[string]string{"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1"},
 		Install: "npm install -g @anthropic-ai/claude-code",
 	},
 	"codex": {
