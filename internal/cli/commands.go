@@ -274,7 +274,7 @@ func newUpCmd() *cobra.Command {
 				if err := e.stop(dir, state.StopUser); err != nil {
 					return err
 				}
-				for _, d := range []string{"upper", "work", "merged", "root"} {
+				for _, d := range writableLayer {
 					if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
 						return fmt.Errorf("discarding the writable layer: %w", err)
 					}

@@ -9,6 +9,11 @@ import (
 	"moat.dev/moat/internal/disk"
 )
 
+// writableLayer is what `moat up --fresh` removes from a stopped
+// sandbox's state dir: the disk image that holds the layer, and the
+// layer's directories of sandboxes without one (disk = "unlimited").
+var writableLayer = []string{"upper", "work", "merged", "root", disk.ImageName, disk.MountName}
+
 // diskColumn is `moat list`'s DISK: used/limit, or "-" for a sandbox
 // without a limit or one never started.
 func diskColumn(d *control.Disk) string {
