@@ -29,6 +29,8 @@ go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$versio
 # gVisor at the version pinned in go.mod (tool directive). Static: a
 # dynamically linked runsc fails after pivot_root.
 # Stamped with that version, which `runsc --version` and `moat doctor` show.
+# Man pages, generated from the commands' own help: man -l bin/man/man1/moat-run.1
+go run ./internal/tools/manpages bin/man >/dev/null
 gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
 echo "setup.sh: built bin/moat and bin/runsc ($(bin/runsc --version | head -1))" >&2
