@@ -11,7 +11,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/policy"
 )
@@ -83,6 +85,7 @@ func (c *checker) file(raw *rawFile) *File {
 		Mode:    c.mode("network.mode", raw.Network.Mode),
 	}
 	f.Policies = c.policies(raw.Policies)
+	f.Audit = c.audit(&raw.Audit)
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)
 	f.Forwards = Forwards{
@@ -246,6 +249,53 @@ func (c *checker) disk(key, v string) *uint64 {
 		return nil
 	}
 	return &n
+}
+
+// minRetention: the audit counts repeated denials over 10 s intervals
+// and deletes files by their age; under a minute would delete the
+// records of what the agent is doing now.
+const minRetention = time.Minute
+
+// audit reads the [audit] table: the size bound of the sandbox's audit
+// files and how long their records are kept.
+func (c *checker) audit(r *rawAudit) AuditLayer {
+	var a AuditLayer
+	if r.MaxSize != nil {
+		n, err := ParseSize(*r.MaxSize)
+		switch {
+		case err != nil:
+			c.failErr("audit.max_size", err)
+		case n < audit.MinMaxBytes:
+			c.fail("audit.max_size", "%q is less than the minimum of %s; sizes without a unit are bytes, so write e.g. \"256MiB\"", *r.MaxSize, FormatSize(audit.MinMaxBytes))
+		default:
+			a.MaxBytes = &n
+		}
+	}
+	if r.Retention != nil {
+		d, err := parseDays(*r.Retention)
+		switch {
+		case err != nil:
+			c.fail("audit.retention", "%q is not a duration; write e.g. \"7d\", \"48h\" or \"90m\"", *r.Retention)
+		case d < minRetention:
+			c.fail("audit.retention", "%q is shorter than the minimum of 1m; write e.g. \"7d\"", *r.Retention)
+		default:
+			a.Retention = &d
+		}
+	}
+	return a
+}
+
+// parseDays is time.ParseDuration that also takes whole days ("7d"),
+// the unit people think of retention in.
+func parseDays(s string) (time.Duration, error) {
+	if n, ok := strings.CutSuffix(s, "d"); ok {
+		days, err := strconv.ParseUint(n, 10, 16)
+		if err != nil {
+			return 0, err
+		}
+		return time.Duration(days) * 24 * time.Hour, nil
+	}
+	return time.ParseDuration(s)
 }
 
 func (c *checker) shares(raw []rawShare) []Share {

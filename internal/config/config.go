@@ -84,11 +84,19 @@ type Config struct {
 	Forwards Forwards          `json:"forwards"`
 	Hooks    Hooks             `json:"hooks"`
 	SSHAgent SSHAgent          `json:"ssh_agent,omitzero"`
+	Audit    Audit             `json:"audit,omitzero"`
 	Sources  []string          `json:"sources,omitempty"` // files that contributed, lowest scope first
 
 	// origin records where each scalar in Sandbox was set, so that
 	// Validate can point at the line to change. Absent: built-in default.
 	origin map[string]*Error
+}
+
+// Audit holds the [audit] scalars; zero is the audit package's default
+// (audit.DefaultMaxBytes, audit.DefaultRetention).
+type Audit struct {
+	MaxBytes  uint64        `json:"max_bytes,omitempty"`
+	Retention time.Duration `json:"retention,omitempty"`
 }
 
 // Sandbox holds the [sandbox] scalars.

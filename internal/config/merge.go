@@ -60,6 +60,8 @@ func Merge(layers ...*File) Config {
 			c.Files = upsert(c.Files, x, func(a, b CopyFile) bool { return a.Target == b.Target })
 		}
 		c.mergeNetwork(f.Network)
+		setVal(&c.Audit.MaxBytes, f.Audit.MaxBytes)
+		setVal(&c.Audit.Retention, f.Audit.Retention)
 		for _, name := range sortedKeys(f.Secrets) {
 			c.Secrets[name] = f.Secrets[name]
 		}

@@ -32,8 +32,15 @@ type File struct {
 	Hooks    Hooks
 	SSHAgent SSHAgent
 	Policies map[string]Policy // [policies.NAME]
+	Audit    AuditLayer
 
 	ix *docIndex // positions of keys, for errors found after merging
+}
+
+// AuditLayer is the [audit] table of one file: nil where it is silent.
+type AuditLayer struct {
+	MaxBytes  *uint64
+	Retention *time.Duration
 }
 
 // SandboxLayer is the [sandbox] table of one file.
@@ -114,6 +121,12 @@ type rawFile struct {
 	Hooks    rawHooks             `toml:"hooks"`
 	SSHAgent rawSSHAgent          `toml:"ssh_agent"`
 	Policies map[string]rawPolicy `toml:"policies"`
+	Audit    rawAudit             `toml:"audit"`
+}
+
+type rawAudit struct {
+	MaxSize   *string `toml:"max_size"`
+	Retention *string `toml:"retention"`
 }
 
 type rawSandbox struct {
@@ -176,7 +189,7 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent"},
+	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit"},
 	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
@@ -186,6 +199,7 @@ var knownKeys = map[string][]string{
 	"forwards":   {"ports", "reverse"},
 	"hooks":      {"on_create", "on_up"},
 	"ssh_agent":  {"keys", "confirm"},
+	"audit":      {"max_size", "retention"},
 }
 
 // want is what a key's value must be, for type errors.
@@ -277,6 +291,9 @@ var wants = map[string]want{
 	"ssh_agent.keys":       wantList,
 	"ssh_agent.keys[]":     wantString,
 	"ssh_agent.confirm":    wantBool,
+	"audit":                wantTable,
+	"audit.max_size":       wantSize,
+	"audit.retention":      {`a duration string such as "7d" or "48h"`, []unstable.Kind{unstable.String}},
 
 	// In its own block: one long key would realign the whole table.
 	"sandbox.daemon_memory_max": wantSize,
