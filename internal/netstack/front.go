@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 
 	"gvisor.dev/gvisor/pkg/buffer"
 	"gvisor.dev/gvisor/pkg/tcpip"
@@ -29,9 +30,11 @@ import (
 // clients do (gvisor-tap-vsock's cap of 10 stalls npm).
 const maxInFlight = 4096
 
-// dnsWorkers bounds concurrent DNS queries over UDP; a flood beyond it
-// waits in the endpoint's receive buffer, and then is dropped by it.
-const dnsWorkers = 64
+// DefaultDNSQueries bounds concurrent DNS queries over UDP (a flood beyond
+// it waits in the endpoint's receive buffer, and then is dropped by it),
+// and again the DNS-over-TCP connections held at once (one beyond it is
+// closed at once).
+const DefaultDNSQueries = 64
 
 // serve connects the stack to the gate: TCP SYNs to the forwarder and the
 // gate, DNS on the gateway's port 53, every other datagram refused, ICMP
@@ -96,19 +99,29 @@ func (st *Stack) serve(ctx context.Context, g *gate.Gate) error {
 	}()
 	go st.serveDNSUDP(ctx, g, uc)
 	go func() {
+		tcpSlots := make(chan struct{}, st.dnsN)
 		for {
 			c, err := tl.Accept()
 			if err != nil {
 				return
 			}
-			go g.DNS().ServeTCP(ctx, c)
+			select {
+			case tcpSlots <- struct{}{}:
+			default:
+				st.dnsRefused(c)
+				continue
+			}
+			go func() {
+				defer func() { <-tcpSlots }()
+				g.DNS().ServeTCP(ctx, c)
+			}()
 		}
 	}()
 	return nil
 }
 
 func (st *Stack) serveDNSUDP(ctx context.Context, g *gate.Gate, uc *gonet.UDPConn) {
-	sem := make(chan struct{}, dnsWorkers)
+	sem := make(chan struct{}, st.dnsN)
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
@@ -130,6 +143,19 @@ func (st *Stack) serveDNSUDP(ctx context.Context, g *gate.Gate, uc *gonet.UDPCon
 		}()
 	}
 }
+
+// dnsRefused closes a DNS-over-TCP connection beyond the bound, and says
+// so in the log at most once every few seconds.
+func (st *Stack) dnsRefused(c net.Conn) {
+	c.Close()
+	if now := time.Now().UnixNano(); now-st.dnsLogged.Load() > int64(logEvery) {
+		st.dnsLogged.Store(now)
+		st.log.Warn("dns: too many DNS-over-TCP connections at once, closing new ones", "max_dns_queries", st.dnsN)
+	}
+}
+
+// logEvery spaces the log lines a guest's flood would repeat.
+const logEvery = 10 * time.Second
 
 // forward hands one SYN to the gate. The forwarder already runs it on a
 // goroutine of its own, and keeps the guest's retransmitted SYNs out until
@@ -156,7 +182,7 @@ func (st *Stack) forward(ctx context.Context, g *gate.Gate, r *tcp.ForwarderRequ
 			// Keepalive: a guest that vanishes mid-flow (killed process,
 			// stopped sandbox) must not pin the upstream forever.
 			ep.SocketOptions().SetKeepAlive(true)
-			return gonet.NewTCPConn(&wq, ep), nil
+			return newWindowed(gonet.NewTCPConn(&wq, ep), ep, st.win), nil
 		},
 		Refuse: func() { finish(true) },
 	})

@@ -86,7 +86,7 @@ func (st *Stack) serveGateway(r *tcp.ForwarderRequest, finish func(reset bool)) 
 		}
 		finish(false)
 		ep.SocketOptions().SetKeepAlive(true)
-		return gonet.NewTCPConn(&wq, ep), nil
+		return newWindowed(gonet.NewTCPConn(&wq, ep), ep, st.win), nil
 	})
 	return true
 }

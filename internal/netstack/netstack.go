@@ -55,7 +55,11 @@ type Stack struct {
 	s    *stack.Stack
 	log  *slog.Logger
 	link *tapLink
-	gw   atomic.Pointer[GatewayPorts] // the reverse forwards (gateway.go); nil: none
+	win  *budget
+	dnsN int
+	// dnsLogged: when the last refused DNS-over-TCP connection was logged.
+	dnsLogged atomic.Int64
+	gw        atomic.Pointer[GatewayPorts] // the reverse forwards (gateway.go); nil: none
 }
 
 // Options configure New.
@@ -65,6 +69,14 @@ type Options struct {
 	Log   *slog.Logger // required
 	// Ctx bounds the gate's flows: when it ends, the DNS servers stop.
 	Ctx context.Context
+	// WindowBudget is the bytes of bulk windows beyond the small ones
+	// that the guest's connections may hold at once (window.go); 0:
+	// DefaultWindowBudget.
+	WindowBudget int64
+	// DNSQueries bounds the DNS queries the gateway answers at once over
+	// UDP, and again the DNS-over-TCP connections it holds; 0:
+	// DefaultDNSQueries.
+	DNSQueries int
 }
 
 // New serves a stack on the TAP fd.
@@ -78,7 +90,13 @@ func New(o Options) (*Stack, error) {
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol, icmp.NewProtocol4},
 		HandleLocal:        false,
 	})
-	st := &Stack{s: s, log: o.Log, link: link}
+	if o.WindowBudget <= 0 {
+		o.WindowBudget = DefaultWindowBudget
+	}
+	if o.DNSQueries <= 0 {
+		o.DNSQueries = DefaultDNSQueries
+	}
+	st := &Stack{s: s, log: o.Log, link: link, win: newBudget(o.WindowBudget), dnsN: o.DNSQueries}
 	if err := st.configure(); err != nil {
 		st.Close()
 		return nil, err
@@ -121,17 +139,22 @@ func (st *Stack) configure() error {
 	}
 	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
 	s.SetRouteTable([]tcpip.Route{{Destination: sub, NIC: nicID}})
-	// SACK and large buffers: the guest↔gateway path is a memory copy,
-	// throughput is bounded by the window, not by loss. With the default
+	// SACK and large windows: the guest↔gateway path is a memory copy,
+	// throughput is bounded by the window, not by loss. The gate's
+	// connections are pinned at windowSmall when accepted and grow to
+	// windowBulk from the sandbox's budget (window.go); the stack's own
+	// sizes are for the rest (the daemon's connections into the guest),
+	// and its largest receive buffer sets the window scale every
+	// connection agrees at its handshake, so windowBulk fits later. With
 	// 1 MiB a download stalled on the window between two stacks that each
-	// wake up late on a shared two-core host (neither side busy, ~400 MiB/s);
-	// 4 MiB by default, growing to 16 MiB, and the guest's own tcp_rmem and
-	// tcp_wmem raised to match (guest init), made it 20-30% faster here.
+	// wake up late on a shared two-core host; 4 MiB, and the guest's own
+	// tcp_rmem and tcp_wmem raised to match (guest init), made it 20-30%
+	// faster here.
 	sack := tcpip.TCPSACKEnabled(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &sack)
-	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: 4 << 20, Max: 16 << 20}
+	snd := tcpip.TCPSendBufferSizeRangeOption{Min: 4 << 10, Default: windowBulk, Max: windowBulk}
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &snd)
-	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: 4 << 20, Max: 16 << 20}
+	rcv := tcpip.TCPReceiveBufferSizeRangeOption{Min: 4 << 10, Default: windowSmall, Max: windowBulk}
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &rcv)
 	mod := tcpip.TCPModerateReceiveBufferOption(true)
 	s.SetTransportProtocolOption(tcp.ProtocolNumber, &mod)

@@ -41,6 +41,12 @@ func pair(t *testing.T) (*Stack, *stack.Stack, int) {
 // pairGate is pair with the stack serving g.
 func pairGate(t *testing.T, g *gate.Gate) (*Stack, *stack.Stack, int) {
 	t.Helper()
+	return pairOptions(t, Options{Gate: g})
+}
+
+// pairOptions is pair with the stack's options (TAPFD and Log are set here).
+func pairOptions(t *testing.T, o Options) (*Stack, *stack.Stack, int) {
+	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +56,8 @@ func pairGate(t *testing.T, g *gate.Gate) (*Stack, *stack.Stack, int) {
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUF, 4<<20)
 		unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_RCVBUF, 4<<20)
 	}
-	gw, err := New(Options{TAPFD: fds[0], Gate: g, Log: slog.New(slog.DiscardHandler)})
+	o.TAPFD, o.Log = fds[0], slog.New(slog.DiscardHandler)
+	gw, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
