@@ -91,6 +91,10 @@ type Options struct {
 	Settling func(ctx context.Context) bool
 	// Report starts the gate in report mode (see SetReport).
 	Report bool
+	// MaxConnections bounds the guest's connections open through the
+	// gate at once; one beyond it is refused and audited. 0:
+	// DefaultMaxConnections.
+	MaxConnections int
 }
 
 // Gate is one sandbox's egress gate. Its policy is swapped atomically;
@@ -115,6 +119,11 @@ type Gate struct {
 	// Counters for status and benchmarks.
 	allowed atomic.Int64
 	denied  atomic.Int64
+
+	// flows counts the open connections against MaxConnections;
+	// capLogged is when a refusal beyond it was last logged (unix ns).
+	flows     atomic.Int64
+	capLogged atomic.Int64
 
 	// unrecorded: the audit log was failing at the last decision (the
 	// daemon's log says so once per episode).
@@ -144,6 +153,9 @@ func New(o Options) *Gate {
 	}
 	if o.PeekTimeout == 0 {
 		o.PeekTimeout = 10 * time.Second
+	}
+	if o.MaxConnections <= 0 {
+		o.MaxConnections = DefaultMaxConnections
 	}
 	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now),
 		flowPrefix: strconv.FormatUint(rand.Uint64()>>32, 36)}

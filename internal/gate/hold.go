@@ -19,14 +19,15 @@ import (
 //
 // Holds coalesce per destination (name:port, or ip:port without a name):
 // an agent that retries, or opens twenty connections at once, asks one
-// question. At most MaxHolds destinations wait at once per sandbox;
+// question. At most HoldsOptions.Max (MaxHolds) destinations wait at once per sandbox;
 // beyond that a connection is refused at once, so a guest cannot park
 // thousands of goroutines on the daemon. A hold nobody answers is
 // refused after the timeout.
 
 // Hold defaults.
 const (
-	// MaxHolds bounds the destinations waiting for an answer at once.
+	// MaxHolds bounds the destinations waiting for an answer at once,
+	// unless HoldsOptions.Max says otherwise.
 	MaxHolds = 16
 	// DefaultHoldTimeout is how long a hold waits for an answer.
 	DefaultHoldTimeout = 30 * time.Second
@@ -98,6 +99,7 @@ type Holds struct {
 	now     func() time.Time
 	after   func(time.Duration, func()) func() bool
 	timeout time.Duration
+	max     int
 
 	mu       sync.Mutex
 	watchers int
@@ -118,6 +120,8 @@ type HoldsOptions struct {
 	// reporting whether it did (time.AfterFunc's Stop). Tests replace it
 	// to fire timeouts when they choose.
 	AfterFunc func(d time.Duration, f func()) (stop func() bool)
+	// Max bounds the destinations waiting at once; 0: MaxHolds.
+	Max int
 }
 
 // NewHolds returns an empty set with no watchers.
@@ -131,9 +135,15 @@ func NewHolds(o HoldsOptions) *Holds {
 	if o.AfterFunc == nil {
 		o.AfterFunc = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 	}
-	return &Holds{now: o.Now, after: o.AfterFunc, timeout: o.Timeout,
+	if o.Max <= 0 {
+		o.Max = MaxHolds
+	}
+	return &Holds{now: o.Now, after: o.AfterFunc, timeout: o.Timeout, max: o.Max,
 		byKey: map[string]*hold{}, byID: map[string]*hold{}, taken: map[string]*hold{}, subs: map[int]func(HoldEvent){}}
 }
+
+// Max is how many destinations may wait at once.
+func (h *Holds) Max() int { return h.max }
 
 // Timeout is how long a hold waits for an answer.
 func (h *Holds) Timeout() time.Duration { return h.timeout }
@@ -243,7 +253,7 @@ func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 	case ok:
 		x.p.Count++
 		h.emitLocked(HoldEvent{Kind: "hold+", Pending: x.p})
-	case len(h.byKey) >= MaxHolds:
+	case len(h.byKey) >= h.max:
 		h.mu.Unlock()
 		return Outcome{By: "overflow"}
 	default:

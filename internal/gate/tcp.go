@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"moat.dev/moat/internal/audit"
@@ -27,29 +26,38 @@ type TCPFlow struct {
 	Refuse func()
 }
 
-// maxFlows bounds the connections one sandbox may hold open through the
-// gate at once. 8192: far above what a build or an agent opens (npm peaks
-// in the low hundreds), low enough that a guest opening connections in a
-// loop cannot take the daemon's memory with it (ATTACKS 30).
-const maxFlows = 8192
+// DefaultMaxConnections bounds the connections one sandbox may hold open
+// through the gate at once when Options.MaxConnections is unset: far
+// above what a build or an agent opens (npm peaks in the low hundreds).
+// The daemon derives its own from the sandbox's memory_max
+// (MaxConnectionsFor).
+const DefaultMaxConnections = 1024
+
+// MaxConnectionsFor is the default bound on open connections for a
+// sandbox whose guest may use memoryMax bytes: one per 2 MiB, so that
+// what the gate holds for stalled connections (a few hundred KiB each,
+// netstack window.go and splice below) stays a fraction of what the
+// sandbox itself may use, between 256 (a build's peak with room) and
+// 8192 (the former fixed bound, ATTACKS 30).
+func MaxConnectionsFor(memoryMax uint64) int {
+	return int(min(max(memoryMax/(2<<20), 256), 8192))
+}
 
 // maxPeek bounds the bytes read before a decision: a ClientHello is a few
 // hundred bytes (a few KiB with post-quantum key shares), a request head a
 // few KiB.
 const maxPeek = 64 << 10
 
-var flows atomic.Int64 // across gates: the daemon runs one gate
-
 // HandleTCP decides one connection and, if allowed, carries it to the
 // upstream until either side closes. It returns when the flow is over.
 func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
-	if flows.Add(1) > maxFlows {
-		flows.Add(-1)
+	if g.flows.Add(1) > int64(g.o.MaxConnections) {
+		g.flows.Add(-1)
 		f.Refuse()
-		g.audit(g.denyRecord("tcp", f.Dst, "too many open connections"))
+		g.overCap(f.Dst)
 		return
 	}
-	defer flows.Add(-1)
+	defer g.flows.Add(-1)
 	if err := g.unaudited(); err != nil {
 		f.Refuse()
 		g.audit(g.denyRecord("tcp", f.Dst, unrecordedReason(err)))
@@ -78,6 +86,22 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 		g.bound(ctx, f, t)
 	}
 }
+
+// overCap refuses a connection beyond MaxConnections: an audit line for
+// each, a daemon log line at most every capLogEvery (a guest opening
+// connections in a loop would repeat it thousands of times a second).
+func (g *Gate) overCap(dst netip.AddrPort) {
+	reason := fmt.Sprintf("too many open connections: the sandbox's limit is %d ([network] max_connections)", g.o.MaxConnections)
+	g.audit(g.denyRecord("tcp", dst, reason))
+	now := time.Now().UnixNano()
+	if last := g.capLogged.Load(); now-last > int64(capLogEvery) && g.capLogged.CompareAndSwap(last, now) {
+		g.log.Warn("gate: refusing connections beyond the sandbox's limit; raise [network] max_connections if the guest needs more",
+			"max_connections", g.o.MaxConnections, "dst", dst.String())
+	}
+}
+
+// capLogEvery spaces the daemon's log lines about refused connections.
+const capLogEvery = 10 * time.Second
 
 // tcpTrace accumulates one flow's audit record.
 type tcpTrace struct {
@@ -159,7 +183,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	case "timeout":
 		t.rec.Reason = "held for a watcher, no answer in " + g.o.Holds.Timeout().String()
 	case "overflow":
-		t.rec.Reason = fmt.Sprintf("held for a watcher, but %d destinations already wait", MaxHolds)
+		t.rec.Reason = fmt.Sprintf("held for a watcher, but %d destinations already wait", g.o.Holds.Max())
 	case "closed":
 		t.rec.Reason = "held for a watcher, who left"
 	}
