@@ -23,7 +23,7 @@ type matcher struct {
 	window         int              // bytes looked at per step; min(minLen, 255)
 	shift          []uint8          // by the window's last two bytes; 1<<16 entries
 	bucket         map[uint16][]int // window-end block → patterns ending their window there
-	first          [256]bool        // bytes a pattern starts with
+	byFirst        [256][]int       // patterns by their first byte
 }
 
 func newMatcher(pats []pattern) *matcher {
@@ -34,7 +34,9 @@ func newMatcher(pats []pattern) *matcher {
 	for _, p := range pats {
 		m.minLen = min(m.minLen, len(p.from))
 		m.maxLen = max(m.maxLen, len(p.from))
-		m.first[p.from[0]] = true
+	}
+	for k, p := range pats {
+		m.byFirst[p.from[0]] = append(m.byFirst[p.from[0]], k)
 	}
 	m.window = min(m.minLen, 255)
 	// Every pattern is at least minValueBytes long, so the window holds
@@ -54,6 +56,9 @@ func newMatcher(pats []pattern) *matcher {
 	}
 	return m
 }
+
+// maxHold is the most replace may hold back.
+func (m *matcher) maxHold() int { return m.maxLen - 1 }
 
 // replace appends b to dst with every pattern replaced. When final is
 // false more text may follow b, so it stops at the first position from
@@ -94,7 +99,7 @@ func (m *matcher) replace(dst, b []byte, final bool) (out []byte, hold int) {
 	// it is cut off); from s on each one is checked against all
 	// patterns.
 	for i := s; i < len(b); {
-		if !m.first[b[i]] {
+		if m.byFirst[b[i]] == nil {
 			i++
 			continue
 		}
@@ -132,7 +137,8 @@ func (m *matcher) longestAt(t []byte, candidates []int) int {
 // longer pattern, which more text could complete.
 func (m *matcher) prefixAt(t []byte) (k int, more bool) {
 	k = -1
-	for i, p := range m.pats {
+	for _, i := range m.byFirst[t[0]] {
+		p := m.pats[i]
 		if len(p.from) > len(t) {
 			if bytes.HasPrefix(p.from, t) {
 				return -1, true

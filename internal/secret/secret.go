@@ -93,7 +93,7 @@ type snapshot struct {
 	// and a server may echo it in a response to a request that started
 	// before the refresh, or from a log of earlier requests.
 	retired [][]value
-	scrub   *matcher // nil when there is nothing to scrub
+	scrub   *scrubber // nil when there is nothing to scrub
 }
 
 // maxRetired bounds the values kept per secret after refreshes.
