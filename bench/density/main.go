@@ -37,11 +37,11 @@ func main() {
 	ceiling := ceilingMiB * resources.MiB
 	var running []resources.Running
 	for len(running) < 1<<20 {
-		err := resources.Admit(fmt.Sprintf("s%d", len(running)), ceiling, running, ram, reserve)
-		if errors.Is(err, resources.ErrNoRoom) {
+		next := resources.Running{Name: fmt.Sprintf("s%d", len(running)), CeilingBytes: ceiling, DaemonBytes: resources.DaemonLimit(ceiling)}
+		if err := resources.Admit(next, running, ram, reserve); errors.Is(err, resources.ErrNoRoom) {
 			break
 		}
-		running = append(running, resources.Running{Name: fmt.Sprintf("s%d", len(running)), CeilingBytes: ceiling})
+		running = append(running, next)
 	}
 	// admitted ram_mib reserve_mib headroom_mib (the hard limit's, default cpus)
 	fmt.Println(len(running), ram/resources.MiB, reserve/resources.MiB,

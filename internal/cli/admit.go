@@ -24,7 +24,8 @@ func limitsOf(r *state.Record) resources.Limits {
 }
 
 // admit checks, under the host-wide admission lock, that the sandbox in dir
-// fits next to the running ones (resources.Admit), and removes the cgroups
+// fits next to the running ones (resources.Admit: each counts its
+// memory_max and its daemon's limit), and removes the cgroups
 // that killed daemons of stopped sandboxes left. It returns the lock's
 // release, which the caller calls once the new daemon has taken its place
 // among the running (admitted), or when its start has failed.
@@ -54,7 +55,8 @@ func (e *env) admit(dir string) (release func(), err error) {
 		d := e.dirs.Sandbox(r.Name)
 		switch st, _ := state.Effective(r, d); st {
 		case state.StateStarting, state.StateRunning, state.StateStopping:
-			running = append(running, resources.Running{Name: r.Name, CeilingBytes: limitsOf(r).CeilingBytes})
+			l := limitsOf(r)
+			running = append(running, resources.Running{Name: r.Name, CeilingBytes: l.CeilingBytes, DaemonBytes: l.DaemonBytes})
 		default:
 			// No daemon: a group it left is garbage (a live daemon
 			// removes its own).
@@ -69,7 +71,8 @@ func (e *env) admit(dir string) (release func(), err error) {
 	if err != nil {
 		return nil, withCode(ExitUsage, err)
 	}
-	if err := resources.Admit(self.Name, limitsOf(self).CeilingBytes, running, ram, reserve); err != nil {
+	l := limitsOf(self)
+	if err := resources.Admit(resources.Running{Name: self.Name, CeilingBytes: l.CeilingBytes, DaemonBytes: l.DaemonBytes}, running, ram, reserve); err != nil {
 		return nil, withCode(ExitHost, err)
 	}
 	return unlock, nil
@@ -135,4 +138,7 @@ func printResources(out io.Writer, r *control.Resources) {
 		fmt.Fprintf(out, "last oom:   %s\n", r.LastGuestOOMKill)
 	}
 	fmt.Fprintf(out, "pids:       %d of %d\n", r.Pids, r.PidsMax)
+	if r.DaemonMemoryLimitBytes > 0 {
+		fmt.Fprintf(out, "daemon:     %s used of %s (its own cgroup: daemon_memory_max)\n", mib(r.DaemonMemoryUsageBytes), mib(r.DaemonMemoryLimitBytes))
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,8 +21,10 @@ import (
 // noise, at a few small file reads per sample.
 const elasticEvery = 5 * time.Second
 
-// startGroup makes the sandbox's cgroup and puts it in the shim's plan. It
-// returns the group's removal, to run once the shim has exited.
+// startGroup makes the sandbox's cgroup and puts it in the shim's plan,
+// and moves the daemon into its own group beside it (see the resources
+// package doc). It returns the groups' removal, to run once the shim has
+// exited.
 func (d *daemon) startGroup() (func(), error) {
 	if d.o.Limits == nil {
 		return func() {}, nil
@@ -33,17 +36,31 @@ func (d *daemon) startGroup() (func(), error) {
 	b, err := g.JSON()
 	if err != nil {
 		g.Remove(d.o.Dir)
+		g.RemoveDaemon(d.o.Dir)
 		g.Release()
 		return nil, err
 	}
-	// The reaper removes the group if this daemon is killed (see the
-	// resources package doc); it must exist before anything joins it.
+	// The reaper removes the groups if this daemon is killed (see the
+	// resources package doc); it must exist before anything joins them.
 	reaper, err := g.StartReaper(d.o.Moat, d.o.Dir, os.Stderr)
 	if err != nil {
 		g.Remove(d.o.Dir)
+		g.RemoveDaemon(d.o.Dir)
 		g.Release()
 		return nil, err
 	}
+	// Fail closed: a daemon that cannot be bounded does not start a guest
+	// that could grow it without limit.
+	if err := g.JoinDaemon(); err != nil {
+		g.Remove(d.o.Dir)
+		reaper.Dismiss()
+		g.RemoveDaemon(d.o.Dir)
+		g.Release()
+		return nil, err
+	}
+	debug.SetMemoryLimit(resources.GoMemLimit(d.o.Limits.DaemonBytes))
+	d.log.Info("daemon cgroup joined", "limit_mib", d.o.Limits.DaemonBytes/resources.MiB,
+		"go_limit_mib", resources.GoMemLimit(d.o.Limits.DaemonBytes)/resources.MiB)
 	d.group = g
 	d.o.Plan.Cgroup, d.o.Plan.CgroupsPath, d.o.Plan.PidsMax = b, g.RunscPath(), d.o.Limits.PidsMax
 	return func() {
@@ -65,10 +82,16 @@ func (d *daemon) startGroup() (func(), error) {
 			})
 		}
 		if err := g.Remove(d.o.Dir); err != nil {
-			// The reaper retries once this daemon has exited.
+			// The reaper retries both groups once this daemon has
+			// exited; it needs this daemon out of its group for that.
 			d.log.Warn("removing the sandbox's cgroup; its reaper retries", "err", err)
+			g.LeaveDaemon()
 		} else {
+			// The reaper is in the daemon's group: it goes first.
 			reaper.Dismiss()
+			if err := g.RemoveDaemon(d.o.Dir); err != nil {
+				d.log.Warn("removing the daemon's cgroup; the next moat up or moat destroy retries", "err", err)
+			}
 		}
 		g.Release()
 	}, nil
@@ -269,7 +292,7 @@ func (d *daemon) resourceStatus() *control.Resources {
 	d.guard.mu.Lock()
 	kills, last := d.guard.kills, d.guard.last
 	d.guard.mu.Unlock()
-	return &control.Resources{
+	r := &control.Resources{
 		CPUs: l.CPUs, CPUSeconds: float64(s.CPUNanos) / 1e9,
 		MemoryUsageBytes: s.UsageBytes, MemoryLimitBytes: min(s.SoftBytes, l.CeilingBytes),
 		MemoryBaselineBytes: l.BaselineBytes, MemoryCeilingBytes: l.CeilingBytes,
@@ -277,6 +300,10 @@ func (d *daemon) resourceStatus() *control.Resources {
 		OOMKills: s.OOMKills, LimitHits: s.LimitHits, Pids: s.Pids, PidsMax: l.PidsMax,
 		GuestOOMKills: kills, LastGuestOOMKill: last,
 	}
+	if ds, err := d.group.DaemonStats(); err == nil {
+		r.DaemonMemoryUsageBytes, r.DaemonMemoryLimitBytes = ds.UsageBytes, ds.LimitBytes
+	}
+	return r
 }
 
 // hostLevelText is the last sampled host level, "unknown" before the

@@ -24,12 +24,19 @@ import (
 // left. On disk: frozen.
 const GroupFile = "cgroup.json"
 
-// Group is a sandbox's cgroup.
+// DaemonGroupFile is the daemon group's record beside GroupFile, for the
+// same reason. On disk: frozen.
+const DaemonGroupFile = "cgroup-daemon.json"
+
+// Group is a sandbox's cgroup, and its daemon's beside it.
 type Group struct {
 	cg   cgroup.Cgroup
 	v2   bool
 	path string   // what runsc gets as linux.cgroupsPath
 	lock *os.File // the group lock (reaper_linux.go), held from Create to Remove
+
+	daemon cgroup.Cgroup // the daemon group; nil in a group loaded from an old record
+	leave  func()        // moves the daemon back to where it came from (JoinDaemon)
 }
 
 // groupID names the group: the sandbox's name, for a person reading
@@ -91,6 +98,22 @@ func Create(stateDir string, l Limits) (g *Group, err error) {
 	if v2 {
 		path = "/moat/" + id
 	}
+	// The daemon's group first: the sandbox's is made relative to the
+	// daemon's own groups on v1, so neither may be made after the daemon
+	// moved (JoinDaemon).
+	daemonLimit := l.DaemonBytes
+	if daemonLimit == 0 {
+		daemonLimit = DaemonLimit(l.CeilingBytes)
+	}
+	dg, err := createDaemonGroup(stateDir, path+daemonSuffix, daemonLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			removeDaemonGroup(stateDir, dg)
+		}
+	}()
 	cg, err := cgroup.NewFromPath(path, false)
 	if err != nil {
 		return nil, fmt.Errorf("finding the cgroup hierarchy: %w", err)
@@ -104,7 +127,7 @@ func Create(stateDir string, l Limits) (g *Group, err error) {
 		cg.Uninstall()
 		return nil, fmt.Errorf("creating the sandbox's cgroup (are the cpu, memory and pids controllers enabled? see /proc/cgroups): %w", err)
 	}
-	g = &Group{cg: cg, v2: v2, path: path, lock: lock}
+	g = &Group{cg: cg, v2: v2, path: path, lock: lock, daemon: dg}
 	if v2 {
 		// Install writes nothing when the directory already exists.
 		if err := g.set(res); err != nil {
@@ -136,6 +159,123 @@ func (g *Group) set(res *specs.LinuxResources) error {
 		return fmt.Errorf("setting the sandbox's cgroup limits: %w", err)
 	}
 	return nil
+}
+
+// daemonSuffix makes the daemon group's name from the sandbox group's: a
+// sandbox name has no dot (config.ValidName), so no sandbox's own group
+// can be called that.
+const daemonSuffix = ".daemon"
+
+// createDaemonGroup makes the daemon group at path (relative to the
+// calling process's groups on v1, like the sandbox's) with a memory limit
+// of limitBytes, and records it in stateDir. Only memory is limited: it is
+// what a guest can make the daemon hold (buffers of the gate's
+// connections); CPU and tasks stay the daemon's own group's.
+func createDaemonGroup(stateDir, path string, limitBytes uint64) (cgroup.Cgroup, error) {
+	cg, err := cgroup.NewFromPath(path, false)
+	if err != nil {
+		return nil, fmt.Errorf("finding the cgroup hierarchy: %w", err)
+	}
+	limit := int64(limitBytes)
+	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}
+	if err := cg.Install(res); err != nil {
+		cg.Uninstall()
+		return nil, fmt.Errorf("creating the daemon's cgroup (is the memory controller enabled? see /proc/cgroups): %w", err)
+	}
+	// Install sets limits only where it made the directory; a group a
+	// killed daemon left without a record gets them here.
+	if err := cg.Update(res); err != nil {
+		cg.Uninstall()
+		return nil, fmt.Errorf("setting the daemon's cgroup memory limit: %w", err)
+	}
+	b, err := json.Marshal(&cgroup.CgroupJSON{Cgroup: cg})
+	if err == nil {
+		err = os.WriteFile(filepath.Join(stateDir, DaemonGroupFile), b, 0o600)
+	}
+	if err != nil {
+		cg.Uninstall()
+		return nil, fmt.Errorf("recording the daemon's cgroup: %w", err)
+	}
+	return cg, nil
+}
+
+// removeDaemonGroup removes the daemon group (nothing may be inside) and
+// its record.
+func removeDaemonGroup(stateDir string, cg cgroup.Cgroup) error {
+	if err := cg.Uninstall(); err != nil {
+		return fmt.Errorf("removing the daemon's cgroup: %w", err)
+	}
+	os.Remove(filepath.Join(stateDir, DaemonGroupFile))
+	return nil
+}
+
+// JoinDaemon moves the calling process, the daemon, into the daemon
+// group, from where LeaveDaemon takes it back. Call it after StartReaper
+// (the reaper joins on its own and must find the group as Create made it)
+// and before the shim starts. Every child the daemon starts from then on
+// is born inside; the shim leaves for the sandbox's group first thing.
+func (g *Group) JoinDaemon() error {
+	if g.daemon == nil {
+		return nil
+	}
+	leave, err := g.daemon.Join()
+	if err != nil {
+		return fmt.Errorf("joining the daemon's cgroup: %w", err)
+	}
+	g.leave = leave
+	return nil
+}
+
+// LeaveDaemon moves the daemon back to the groups it came from, so that
+// RemoveDaemon can remove its group.
+func (g *Group) LeaveDaemon() {
+	if g.leave != nil {
+		g.leave()
+		g.leave = nil
+	}
+}
+
+// RemoveDaemon leaves and removes the daemon group and its record. The
+// reaper, which is inside too, must have exited (Reaper.Dismiss).
+func (g *Group) RemoveDaemon(stateDir string) error {
+	if g.daemon == nil {
+		return nil
+	}
+	g.LeaveDaemon()
+	return removeDaemonGroup(stateDir, g.daemon)
+}
+
+// DaemonStats is what the daemon group's files say now.
+type DaemonStats struct {
+	UsageBytes uint64 // memory charged to the group now
+	LimitBytes uint64 // its limit
+	OOMKills   uint64 // processes the kernel's OOM killer took in it
+}
+
+// DaemonStats reads the daemon group's counters.
+func (g *Group) DaemonStats() (DaemonStats, error) {
+	if g.daemon == nil {
+		return DaemonStats{}, errors.New("the sandbox has no daemon group")
+	}
+	return daemonStats(g.daemon, g.v2)
+}
+
+func daemonStats(cg cgroup.Cgroup, v2 bool) (DaemonStats, error) {
+	var s DaemonStats
+	lim, err := cg.MemoryLimit()
+	if err != nil {
+		return s, fmt.Errorf("reading the daemon's memory limit: %w", err)
+	}
+	s.LimitBytes = lim
+	mem := cg.MakePath("memory")
+	if v2 {
+		s.UsageBytes = readUint(mem, "memory.current")
+		s.OOMKills = readKeyed(mem, "memory.events")["oom_kill"]
+	} else {
+		s.UsageBytes = readUint(mem, "memory.usage_in_bytes")
+		s.OOMKills = readKeyed(mem, "memory.oom_control")["oom_kill"]
+	}
+	return s, nil
 }
 
 // RunscPath is the linux.cgroupsPath that makes runsc, started inside the
@@ -220,21 +360,34 @@ func removeStale(stateDir string, wait time.Duration) error {
 	return removeStaleLocked(stateDir)
 }
 
-// removeStaleLocked is RemoveStale with the group lock held.
+// removeStaleLocked is RemoveStale with the group lock held: the
+// sandbox's group, then the daemon's.
 func removeStaleLocked(stateDir string) error {
-	b, err := os.ReadFile(filepath.Join(stateDir, GroupFile))
+	if err := removeRecorded(stateDir, GroupFile); err != nil {
+		return fmt.Errorf("removing the cgroup a stopped sandbox left: %w", err)
+	}
+	if err := removeRecorded(stateDir, DaemonGroupFile); err != nil {
+		return fmt.Errorf("removing the cgroup a stopped sandbox's daemon left: %w", err)
+	}
+	return nil
+}
+
+// removeRecorded removes the group recorded in stateDir's file name, and
+// the record; an unreadable record is dropped.
+func removeRecorded(stateDir, name string) error {
+	b, err := os.ReadFile(filepath.Join(stateDir, name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	var j cgroup.CgroupJSON
 	if err != nil || json.Unmarshal(b, &j) != nil || j.Cgroup == nil {
-		os.Remove(filepath.Join(stateDir, GroupFile))
+		os.Remove(filepath.Join(stateDir, name))
 		return nil
 	}
 	if err := j.Cgroup.Uninstall(); err != nil {
-		return fmt.Errorf("removing the cgroup a stopped sandbox left: %w", err)
+		return err
 	}
-	os.Remove(filepath.Join(stateDir, GroupFile))
+	os.Remove(filepath.Join(stateDir, name))
 	return nil
 }
 

@@ -1,6 +1,9 @@
 package resources
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // The guest's OOM kill. All guest memory is gVisor's Sentry's, so when the
 // sandbox's cgroup reaches its hard limit the kernel's OOM killer can only
@@ -73,3 +76,13 @@ func GuardWait(usageBytes, ceilingBytes uint64, cpus int) time.Duration {
 // (it checks thresholds every 512 KiB charged), and from there the guard
 // samples, sooner the nearer the ceiling (GuardWait).
 func ArmAt(ceilingBytes uint64) uint64 { return ceilingBytes / 2 }
+
+// DaemonOOMNote is what the sandbox's record says when the kernel's OOM
+// killer took its daemon at the daemon group's limit of limitBytes: what
+// happened, that nothing passed the gate unchecked, and what to do.
+func DaemonOOMNote(name string, limitBytes uint64) string {
+	return fmt.Sprintf("out of memory: the sandbox's daemon reached its memory limit (daemon_memory_max %s) and the kernel's OOM killer stopped it; "+
+		"the sandbox stopped with it, so nothing left the guest unchecked. Start it again with: moat up %s; "+
+		"if it happens again, raise daemon_memory_max under [sandbox] in moat.toml and apply it with: moat up --reconfigure %s",
+		FormatMiB(limitBytes), name, name)
+}

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/state"
 )
 
 // The reaper removes the group of a daemon that was killed (see the
@@ -151,9 +153,31 @@ func Reap(stateDir string, daemonPID int) int {
 	logf := func(format string, a ...any) {
 		fmt.Fprintf(os.Stderr, "time=%s level=INFO msg=%q component=reaper\n", time.Now().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
 	}
-	// The group's record, read now: once the daemon is gone, the state
+	// The groups' records, read now: once the daemon is gone, the state
 	// directory may be going too (a destroy right after a crash).
 	record, recErr := os.ReadFile(filepath.Join(stateDir, GroupFile))
+	daemonRecord, _ := os.ReadFile(filepath.Join(stateDir, DaemonGroupFile))
+	// Into the daemon's group, like everything moat runs for the sandbox
+	// on the host; leave is the way out, to remove it.
+	var dg *Group
+	leave := func() {}
+	if len(daemonRecord) > 0 {
+		var err error
+		if dg, err = loadGroup(daemonRecord); err != nil {
+			logf("%v; staying outside the daemon's cgroup", err)
+		} else if back, err := dg.cg.Join(); err != nil {
+			logf("joining the daemon's cgroup: %v; staying outside it", err)
+		} else {
+			leave = back
+		}
+	}
+	// When the daemon's group is at its limit, the kernel's OOM killer
+	// must take the daemon, never its reaper, which then says why the
+	// sandbox stopped. Lowering the score takes CAP_SYS_RESOURCE, which
+	// a container's root may lack; without it the daemon, at its limit
+	// several times the reaper's size (the limit is at least 64 MiB), is
+	// still the one the kernel picks, so a refusal is not worth a line.
+	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
 	dismissed := make(chan bool, 1)
 	go func() {
 		b := make([]byte, 1)
@@ -178,9 +202,50 @@ func Reap(stateDir string, daemonPID int) int {
 		break
 	}
 	signal.Reset()
-	if errors.Is(recErr, os.ErrNotExist) {
-		return 0
+	code := 0
+	if dg != nil {
+		// First, while the sandbox's group empties: a daemon the kernel
+		// killed at its limit says nothing itself.
+		noteDaemonOOM(stateDir, dg, logf)
 	}
+	if !errors.Is(recErr, os.ErrNotExist) {
+		code = reapSandbox(stateDir, record, logf)
+	}
+	if dg != nil {
+		leave()
+		if err := removeDaemonGroup(stateDir, dg.cg); err != nil {
+			logf("the daemon is gone; %v (the next moat up or moat destroy removes it)", err)
+			code = 1
+		}
+	}
+	return code
+}
+
+// noteDaemonOOM writes into the sandbox's record, where `moat status`
+// shows it, that the kernel's OOM killer took the daemon at its group's
+// limit, if it did. The sandbox stopped with its daemon (the shim's
+// parent-death signal), so the guest had no network past its gate.
+func noteDaemonOOM(stateDir string, dg *Group, logf func(string, ...any)) {
+	st, err := daemonStats(dg.cg, dg.v2)
+	if err != nil || st.OOMKills == 0 {
+		return
+	}
+	logf("the kernel's OOM killer stopped the daemon at its cgroup's limit (%s); the sandbox stopped with it", FormatMiB(st.LimitBytes))
+	state.Update(stateDir, func(r *state.Record) error {
+		note := DaemonOOMNote(r.Name, st.LimitBytes)
+		if r.Error == "" {
+			r.Error = note
+		} else {
+			r.Error += "; " + note
+		}
+		return nil
+	})
+}
+
+// reapSandbox waits (bounded) for the sandbox's group, recorded in
+// record, to empty, kills what is still inside, and removes it and its
+// record.
+func reapSandbox(stateDir string, record []byte, logf func(string, ...any)) int {
 	g, err := loadGroup(record)
 	if err != nil {
 		logf("the daemon is gone; cannot read its cgroup record: %v", err)

@@ -260,7 +260,8 @@ func cgroupDiagnosis() string {
 }
 
 // ourCgroups lists the cgroups of this MOAT_HOME's sandboxes, in every
-// hierarchy under /sys/fs/cgroup: a directory moat/<name>-<hash>, where
+// hierarchy under /sys/fs/cgroup: a directory moat/<name>-<hash> (and
+// its daemon's, moat/<name>-<hash>.daemon), where
 // hash is the first 4 bytes of the SHA-256 of the sandbox's state dir
 // (resources.groupID), so other MOAT_HOMEs' groups on a shared host are
 // not ours. Bounded in depth.
@@ -278,7 +279,8 @@ func ourCgroups() []string {
 		if filepath.Base(filepath.Dir(p)) != "moat" {
 			return nil
 		}
-		name := filepath.Base(p)
+		// A sandbox's daemon group is its group's name and ".daemon".
+		name := strings.TrimSuffix(filepath.Base(p), ".daemon")
 		i := strings.LastIndexByte(name, '-')
 		if i < 0 {
 			return nil

@@ -119,8 +119,10 @@ func TestAdmission(t *testing.T) {
 	for _, d := range []string{a, b, c} {
 		writeToml(t, d, "[sandbox]\nmemory = \"512MiB\"\nmemory_max = \"1GiB\"\n")
 	}
-	// A 3 GiB host (test knob) keeping 1 GiB: room for two 1 GiB ceilings.
-	knobs := []string{"MOAT_TEST_HOST_RAM_MIB=3072", "MOAT_HOST_RESERVE_MIB=1024"}
+	// A 3.5 GiB host (test knob) keeping 1 GiB: room for two 1 GiB
+	// ceilings and their daemons' 192 MiB (128 MiB + memory_max/16), not
+	// for a third.
+	knobs := []string{"MOAT_TEST_HOST_RAM_MIB=3584", "MOAT_HOST_RESERVE_MIB=1024"}
 	if r := moat(t, a, knobs, "up"); r.code != 0 {
 		t.Fatalf("first up: exit %d %s", r.code, r.stderr)
 	}
@@ -142,7 +144,7 @@ func TestAdmission(t *testing.T) {
 	if ok != 1 {
 		t.Fatalf("two concurrent ups with room for one: %d started\n%+v", ok, res)
 	}
-	for _, want := range []string{"not enough memory", "adm-a", "memory_max 1 GiB", "moat down adm-a", "lower"} {
+	for _, want := range []string{"not enough memory", "adm-a", "memory_max 1 GiB, daemon 192 MiB", "moat down adm-a", "lower"} {
 		if !strings.Contains(refused, want) {
 			t.Errorf("refusal lacks %q:\n%s", want, refused)
 		}
