@@ -97,10 +97,15 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading the sandbox CA: %w", err)
 	}
-	// Written only when it changed: every write is an fsync on the start path.
+	// The CA, then the [network] trust roots (guestTrust). Written only
+	// when it changed: every write is an fsync on the start path.
+	trusted, err := guestTrust(ca.CertPEM(), d.o.Network.Config.Trust)
+	if err != nil {
+		return nil, nil, err
+	}
 	guestCA := filepath.Join(d.o.Plan.GuestDir, "ca.pem")
-	if old, err := os.ReadFile(guestCA); err != nil || !bytes.Equal(old, ca.CertPEM()) {
-		if err := state.WriteAtomic(guestCA, ca.CertPEM(), 0o644); err != nil {
+	if old, err := os.ReadFile(guestCA); err != nil || !bytes.Equal(old, trusted) {
+		if err := state.WriteAtomic(guestCA, trusted, 0o644); err != nil {
 			return nil, nil, fmt.Errorf("writing the CA for the guest: %w", err)
 		}
 	}

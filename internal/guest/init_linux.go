@@ -171,10 +171,12 @@ func prepareSystem(s *guestspec.Spec) error {
 	return nil
 }
 
-// trustCA adds the sandbox CA to the guest's trust stores and returns its
-// path ("" when there is none to trust). A failure is logged, not fatal:
-// without the CA only the connections the gate inspects fail, and they
-// fail closed, at the client's certificate check.
+// trustCA adds the sandbox CA, and the [network] trust roots the daemon
+// put after it in the same file, to the guest's trust stores and returns
+// the file's path ("" when there is none to trust). A failure is logged,
+// not fatal: without the CA only the connections the gate inspects fail,
+// without a root only those to hosts it splices, and both fail closed, at
+// the client's certificate check.
 func trustCA(s *guestspec.Spec, log *slog.Logger) (string, trust) {
 	if s.CAFile == "" {
 		return "", trust{} // a record from before TLS inspection
@@ -189,7 +191,7 @@ func trustCA(s *guestspec.Spec, log *slog.Logger) (string, trust) {
 		log.Warn("adding the sandbox CA to the trust stores; programs using the failed ones will not verify inspected TLS connections", "err", err)
 	}
 	if len(t.changed) > 0 {
-		log.Info("trusting the sandbox CA", "wrote", t.changed)
+		log.Info("trusting the sandbox CA", "trust_roots", t.roots, "wrote", t.changed)
 	}
 	return s.CAFile, t
 }

@@ -2,8 +2,10 @@ package guest
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strings"
 	"syscall"
 
@@ -25,6 +28,14 @@ import (
 // update-ca-certificates or update-ca-trust, and the root filesystem's upper
 // layer persists across down/up, so every step replaces what an earlier
 // start wrote instead of adding to it.
+//
+// The roots of [network] trust go the same way, after the CA: the gate
+// verifies the upstreams it terminates against them, but a host it splices
+// is verified by the guest itself, which would otherwise refuse a private
+// CA's certificate (or a corporate TLS-inspecting proxy's). Unlike the CA,
+// such a root cannot be told from one the image ships by looking at it, so
+// init records what it added (trustRecord) and removes exactly that when
+// the configuration stops listing a root.
 
 // trustBundles are the system bundles init adds the CA to, in the order a
 // session's REQUESTS_CA_BUNDLE prefers them.
@@ -62,6 +73,31 @@ const (
 // this line: update-ca-certificates rebuilds the bundle without it.
 const bundleHeader = "# moat sandbox CA: added by moat init at every start\n"
 
+// trustHeader marks the [network] trust roots init adds after the CA.
+const trustHeader = "# moat [network] trust roots: added by moat init at every start\n"
+
+// trustRecord lists, one "<sha256 of the root> bundle|file <path>" a line,
+// every root init added to a bundle and every file or link it made for
+// one, so that a later start removes exactly those when the root is gone
+// from the configuration, and never a root the image ships itself. The
+// format is read back by later moat versions: fields only added.
+const trustRecord = "/var/lib/moat/trust-roots"
+
+// trustPrefix starts the name of every file init makes for a trust root;
+// it removes only files so named (or links to them), whatever the record
+// says.
+const trustPrefix = "moat-trust-"
+
+// extraRoot is one root certificate of [network] trust.
+type extraRoot struct {
+	cert *x509.Certificate
+	sum  [32]byte // SHA-256 of the DER
+	pem  []byte
+}
+
+// name is the root's file name without extension, the same at every start.
+func (r extraRoot) name() string { return trustPrefix + hex.EncodeToString(r.sum[:8]) }
+
 // trust is what installCA did.
 type trust struct {
 	// bundle is the path in the guest of a bundle that holds the CA and
@@ -70,34 +106,55 @@ type trust struct {
 	// CA alone would make Python stop trusting every host the gate does
 	// not inspect.
 	bundle string
-	// changed lists the files written (not those already right).
+	// changed lists the files written or removed (not those already right).
 	changed []string
+	// roots is how many [network] trust roots the CA file carried.
+	roots int
 }
 
-// installCA adds the PEM certificate ca to every system trust store under
-// root ("/" in the guest; a temporary directory in tests). It removes any
-// earlier moat CA from the bundles first, so it is idempotent and follows
-// a CA that changed. A bundle that is a symlink is written through: the
-// file it resolves to is replaced, the link is left as it is.
+// installCA adds the sandbox CA, the first PEM certificate of ca, to every
+// system trust store under root ("/" in the guest; a temporary directory
+// in tests), and after it the [network] trust roots, the certificates that
+// follow it. It removes any earlier moat CA, and the roots an earlier start
+// added (trustRecord), from the bundles first, so it is idempotent and
+// follows a CA or a list of roots that changed. A bundle that is a symlink
+// is written through: the file it resolves to is replaced, the link is
+// left as it is.
 //
 // An image with no bundle at all gets /etc/ssl/certs/ca-certificates.crt
-// holding the CA alone. Nothing in such an image could verify any TLS peer
-// before, so nothing breaks; with it, OpenSSL and Go programs trust the
-// hosts the gate inspects, which are the ones with bound credentials. A
-// later update-ca-certificates (installing ca-certificates runs it) rebuilds
-// that file from the system roots plus the anchor init also writes.
+// holding the CA (and the roots) alone. Nothing in such an image could
+// verify any TLS peer before, so nothing breaks; with it, OpenSSL and Go
+// programs trust the hosts the gate inspects, which are the ones with
+// bound credentials. A later update-ca-certificates (installing
+// ca-certificates runs it) rebuilds that file from the system roots plus
+// the anchors init also writes.
 //
 // Errors are collected and returned together after every store was tried:
 // one read-only or odd path must not keep the CA out of the others.
 func installCA(root string, ca []byte) (trust, error) {
 	var t trust
-	cert, err := parseMoatCA(ca)
+	cert, rest, err := parseMoatCA(ca)
 	if err != nil {
 		return t, err
 	}
+	roots, errs := parseRoots(rest)
+	t.roots = len(roots)
 	caPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
-	var errs []error
-	seen := map[string]bool{} // resolved paths: Alpine and Fedora link two names to one file
+	rec, err := readRecord(root)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	var next []recordLine // what this start added: the next start's record
+	// Files of roots no longer listed go first: a renewed root with the
+	// same subject must not get <hash>.1 beside a <hash>.0 about to go,
+	// which OpenSSL, stopping at the first missing name, would not find.
+	current := map[[32]byte]bool{}
+	for _, r := range roots {
+		current[r.sum] = true
+	}
+	next = append(next, t.removeFiles(root, rec, func(l recordLine) bool { return !current[l.sum] }, &errs)...)
+	drops := rec.bundles()
+	seen := map[string]bool{} // resolved paths, to others: Alpine and Fedora link two names to one file
 	found := false
 	for _, p := range trustBundles {
 		real, exists, err := resolveIn(root, p)
@@ -109,11 +166,13 @@ func installCA(root string, ca []byte) (trust, error) {
 			continue
 		}
 		found = true
-		others, err := t.addToBundle(root, real, caPEM, seen)
+		others, added, err := t.addToBundle(root, real, caPEM, roots, drops[real], seen)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("adding the sandbox CA to %s: %w", p, err))
+			next = append(next, rec.bundleLines(real)...) // still there: the next start retries
 			continue
 		}
+		next = append(next, bundleLines(real, added)...)
 		if others && t.bundle == "" {
 			t.bundle = p
 		}
@@ -121,78 +180,134 @@ func installCA(root string, ca []byte) (trust, error) {
 	if !found {
 		real, _, err := resolveIn(root, debianBundle)
 		if err == nil {
-			_, err = t.addToBundle(root, real, caPEM, seen)
+			var added []extraRoot
+			_, added, err = t.addToBundle(root, real, caPEM, roots, drops[real], seen)
+			next = append(next, bundleLines(real, added)...)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("creating %s: %w", debianBundle, err))
 		}
 	}
 
-	if exists(root, debianBundle) || exists(root, debianAnchorDir) {
+	debian := exists(root, debianBundle) || exists(root, debianAnchorDir)
+	fedora := exists(root, fedoraTrustDir)
+	if debian {
 		if err := t.writeIfChanged(root, debianAnchor, caPEM); err != nil {
 			errs = append(errs, fmt.Errorf("writing %s: %w", debianAnchor, err))
 		}
 	}
-	if exists(root, fedoraTrustDir) {
+	if fedora {
 		if err := t.writeIfChanged(root, fedoraAnchor, caPEM); err != nil {
 			errs = append(errs, fmt.Errorf("writing %s: %w", fedoraAnchor, err))
 		}
 	}
 	if exists(root, debianBundle) && exists(root, debianAnchor) {
-		if err := t.linkHash(root, cert); err != nil {
+		if _, err := t.linkHash(root, cert, path.Base(hashLinkTarget), debianAnchor); err != nil {
 			errs = append(errs, fmt.Errorf("linking the sandbox CA into %s: %w", hashDir, err))
 		}
+	}
+	made := map[string]bool{}
+	for _, r := range roots {
+		paths, err := t.anchorRoot(root, r, debian, fedora)
+		for _, p := range paths {
+			made[p] = true
+			next = append(next, recordLine{sum: r.sum, kind: kindFile, path: p})
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("adding the [network] trust root %q: %w", r.cert.Subject, err))
+		}
+	}
+	// A listed root's file this start did not make again (the layout
+	// changed under it) goes too.
+	next = append(next, t.removeFiles(root, rec, func(l recordLine) bool { return current[l.sum] && !made[l.path] }, &errs)...)
+	if err := t.writeRecord(root, rec, next); err != nil {
+		errs = append(errs, fmt.Errorf("writing %s: %w", trustRecord, err))
 	}
 	return t, errors.Join(errs...)
 }
 
-func parseMoatCA(b []byte) (*x509.Certificate, error) {
-	block, _ := pem.Decode(b)
+// parseMoatCA reads the first PEM block of b, which must be a moat CA, and
+// returns what follows it.
+func parseMoatCA(b []byte) (*x509.Certificate, []byte, error) {
+	block, rest := pem.Decode(b)
 	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, errors.New("reading the sandbox CA: no PEM certificate")
+		return nil, nil, errors.New("reading the sandbox CA: no PEM certificate")
 	}
 	cert, err := x509.ParseCertificate(block.Bytes)
 	if err != nil {
-		return nil, fmt.Errorf("parsing the sandbox CA: %w", err)
+		return nil, nil, fmt.Errorf("parsing the sandbox CA: %w", err)
 	}
 	// installCA removes every moat CA from the bundles before adding this
 	// one, so it must be one: anything else would pile up.
 	if !tlsca.IsMoatCA(cert) {
-		return nil, errors.New("the sandbox CA is not a moat CA")
+		return nil, nil, errors.New("the sandbox CA is not a moat CA")
 	}
-	return cert, nil
+	return cert, rest, nil
 }
 
-// addToBundle puts caPEM into the bundle at real (resolved, in the guest),
-// once per file, and reports whether the bundle holds other roots too.
-func (t *trust) addToBundle(root, real string, caPEM []byte, seen map[string]bool) (others bool, err error) {
+// parseRoots reads the [network] trust roots that follow the CA. A block
+// that is not a certificate is skipped (the daemon writes none), a moat CA
+// too: the bundles lose every moat CA at the next start, so it would come
+// and go. A root listed twice is added once.
+func parseRoots(b []byte) ([]extraRoot, []error) {
+	var roots []extraRoot
+	var errs []error
+	seen := map[[32]byte]bool{}
+	for block, rest := pem.Decode(b); block != nil; block, rest = pem.Decode(rest) {
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("parsing a [network] trust root: %w", err))
+			continue
+		}
+		sum := sha256.Sum256(c.Raw)
+		if tlsca.IsMoatCA(c) || seen[sum] {
+			continue
+		}
+		seen[sum] = true
+		roots = append(roots, extraRoot{cert: c, sum: sum, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})})
+	}
+	return roots, errs
+}
+
+// addToBundle puts caPEM and the roots into the bundle at real (resolved,
+// in the guest), once per file, after removing the roots in drop, and
+// reports whether the bundle holds other roots too and which of roots it
+// added (those the bundle did not hold already). seen maps the bundles
+// done to their others.
+func (t *trust) addToBundle(root, real string, caPEM []byte, roots []extraRoot, drop map[[32]byte]bool, seen map[string]bool) (others bool, added []extraRoot, err error) {
+	if others, ok := seen[real]; ok {
+		return others, nil, nil // written already, under another name
+	}
 	old, err := os.ReadFile(filepath.Join(root, real))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return false, err
+		return false, nil, err
 	}
-	merged, others := mergeBundle(old, caPEM)
-	if seen[real] {
-		return others, nil
-	}
-	seen[real] = true
+	merged, others, added := mergeBundle(old, caPEM, roots, drop)
+	seen[real] = others
 	if bytes.Equal(merged, old) {
-		return others, nil
+		return others, added, nil
 	}
 	if err := replaceFile(filepath.Join(root, real), merged); err != nil {
-		return false, err
+		return false, nil, err
 	}
 	t.changed = append(t.changed, real)
-	return others, nil
+	return others, added, nil
 }
 
-// mergeBundle returns bundle without any moat CA (with its header line, if
-// it has one) and with caPEM appended under bundleHeader; everything else
-// is kept byte for byte. others reports whether certificates that are not
-// moat CAs remain.
-func mergeBundle(bundle, caPEM []byte) (merged []byte, others bool) {
+// mergeBundle returns bundle without any moat CA and without the roots
+// whose SHA-256 is in drop (each with its header line, if it has one),
+// with caPEM appended under bundleHeader, and after it, under trustHeader,
+// those of roots the bundle does not hold by then; everything else is kept
+// byte for byte. others reports whether certificates that are not moat
+// CAs remain; added is the roots appended.
+func mergeBundle(bundle, caPEM []byte, roots []extraRoot, drop map[[32]byte]bool) (merged []byte, others bool, added []extraRoot) {
 	const begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
-	var out, der []byte
-	keepFrom := 0 // start of the text not yet copied to out
+	var out, buf []byte
+	held := make([]bool, len(roots)) // the image's own copy of a root
+	keepFrom := 0                    // start of the text not yet copied to out
 	blockStart, bodyStart, prevLine := -1, -1, -1
 	for off := 0; off < len(bundle); {
 		lineEnd := bytes.IndexByte(bundle[off:], '\n') + 1
@@ -203,18 +318,25 @@ func mergeBundle(bundle, caPEM []byte) (merged []byte, others bool) {
 		switch {
 		case string(line) == begin:
 			blockStart, bodyStart = off, off+lineEnd
-			if prevLine >= 0 && string(bundle[prevLine:off]) == bundleHeader {
-				blockStart = prevLine
+			if prevLine >= 0 {
+				if h := string(bundle[prevLine:off]); h == bundleHeader || h == trustHeader {
+					blockStart = prevLine
+				}
 			}
 		case string(line) == end && blockStart >= 0:
 			blockEnd := off + lineEnd
-			var moat bool
-			der, moat = isMoatBlock(bundle[bodyStart:off], der)
-			if moat {
+			var der []byte
+			buf, der = decodeBlock(bundle[bodyStart:off], buf)
+			// Hashed only when there is something to drop: init runs
+			// this at every start, and mostly there is not.
+			if isMoatDER(der) || (len(drop) > 0 && drop[sha256.Sum256(der)]) {
 				out = append(out, bundle[keepFrom:blockStart]...)
 				keepFrom = blockEnd
 			} else {
 				others = true
+				for i, r := range roots {
+					held[i] = held[i] || bytes.Equal(der, r.cert.Raw)
+				}
 			}
 			blockStart = -1
 		}
@@ -226,23 +348,227 @@ func mergeBundle(bundle, caPEM []byte) (merged []byte, others bool) {
 		out = append(out, '\n')
 	}
 	out = append(out, bundleHeader...)
-	return append(out, caPEM...), others
+	out = append(out, caPEM...)
+	for i, r := range roots {
+		if held[i] {
+			continue
+		}
+		if len(added) == 0 {
+			out = append(out, trustHeader...)
+		}
+		out = append(out, r.pem...)
+		added = append(added, r)
+	}
+	return out, others, added
 }
 
-// isMoatBlock reports whether the base64 body of a PEM certificate block is
-// a moat CA, decoding it into buf (returned for reuse). It is on init's
-// path at every start, for each of a bundle's ~140 roots: the body is
-// decoded directly (base64 skips the line breaks), not by pem.Decode, which
-// took most of the time, and a byte search turns away all but moat CAs
-// before any certificate is parsed.
-func isMoatBlock(body, buf []byte) ([]byte, bool) {
-	buf = slices.Grow(buf[:0], base64.StdEncoding.DecodedLen(len(body)))[:base64.StdEncoding.DecodedLen(len(body))]
+// decodeBlock decodes the base64 body of a PEM certificate block into buf
+// (returned for reuse) and returns the DER, nil when it is not base64. It
+// is on init's path at every start, for each of a bundle's ~140 roots: the
+// body is decoded directly (base64 skips the line breaks), not by
+// pem.Decode, which took most of the time.
+func decodeBlock(body, buf []byte) ([]byte, []byte) {
+	n := base64.StdEncoding.DecodedLen(len(body))
+	buf = slices.Grow(buf[:0], n)[:n]
 	n, err := base64.StdEncoding.Decode(buf, body)
-	if err != nil || !bytes.Contains(buf[:n], []byte("moat")) {
-		return buf, false
+	if err != nil {
+		return buf, nil
 	}
-	cert, err := x509.ParseCertificate(buf[:n])
-	return buf, err == nil && tlsca.IsMoatCA(cert)
+	return buf, buf[:n]
+}
+
+// isMoatDER reports whether der is a moat CA. A byte search turns away all
+// but moat CAs before any certificate is parsed.
+func isMoatDER(der []byte) bool {
+	if !bytes.Contains(der, []byte("moat")) {
+		return false
+	}
+	cert, err := x509.ParseCertificate(der)
+	return err == nil && tlsca.IsMoatCA(cert)
+}
+
+// anchorRoot writes a trust root's anchors, where the distribution's tools
+// rebuild the bundles from, and links it into OpenSSL's hashed directory,
+// as installCA does for the CA. One file per root: OpenSSL's rehash skips
+// a file with more than one certificate. It returns the paths it made or
+// found right.
+func (t *trust) anchorRoot(root string, r extraRoot, debian, fedora bool) ([]string, error) {
+	var made []string
+	var errs []error
+	if debian {
+		anchor := path.Join(debianAnchorDir, r.name()+".crt")
+		if err := t.writeIfChanged(root, anchor, r.pem); err != nil {
+			errs = append(errs, fmt.Errorf("writing %s: %w", anchor, err))
+		} else {
+			made = append(made, anchor)
+			if exists(root, debianBundle) {
+				links, err := t.linkHash(root, r.cert, r.name()+".pem", anchor)
+				made = append(made, links...)
+				if err != nil {
+					errs = append(errs, fmt.Errorf("linking it into %s: %w", hashDir, err))
+				}
+			}
+		}
+	}
+	if fedora {
+		anchor := path.Join(path.Dir(fedoraAnchor), r.name()+".pem")
+		if err := t.writeIfChanged(root, anchor, r.pem); err != nil {
+			errs = append(errs, fmt.Errorf("writing %s: %w", anchor, err))
+		} else {
+			made = append(made, anchor)
+		}
+	}
+	return made, errors.Join(errs...)
+}
+
+// Kinds of trustRecord line (frozen: the record outlives the moat that
+// wrote it).
+const (
+	kindBundle = "bundle" // the root was added to the bundle at path (resolved)
+	kindFile   = "file"   // init made the file or link at path for the root
+)
+
+// recordLine is one line of trustRecord.
+type recordLine struct {
+	sum  [32]byte
+	kind string
+	path string
+}
+
+type record []recordLine
+
+// readRecord reads trustRecord; nil when there is none, which is every
+// start of a sandbox that never listed a root: one failed open.
+func readRecord(root string) (record, error) {
+	b, err := os.ReadFile(filepath.Join(root, trustRecord))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", trustRecord, err)
+	}
+	var rec record
+	for l := range strings.Lines(string(b)) {
+		f := strings.SplitN(strings.TrimRight(l, "\n"), " ", 3)
+		if len(f) != 3 || (f[1] != kindBundle && f[1] != kindFile) || !path.IsAbs(f[2]) {
+			continue // not ours to guess at
+		}
+		sum, err := hex.DecodeString(f[0])
+		if err != nil || len(sum) != sha256.Size {
+			continue
+		}
+		rec = append(rec, recordLine{sum: [32]byte(sum), kind: f[1], path: path.Clean(f[2])})
+	}
+	return rec, nil
+}
+
+// bundles is, for each bundle, the roots an earlier start added to it.
+func (rec record) bundles() map[string]map[[32]byte]bool {
+	if len(rec) == 0 {
+		return nil
+	}
+	m := map[string]map[[32]byte]bool{}
+	for _, l := range rec {
+		if l.kind != kindBundle {
+			continue
+		}
+		if m[l.path] == nil {
+			m[l.path] = map[[32]byte]bool{}
+		}
+		m[l.path][l.sum] = true
+	}
+	return m
+}
+
+// bundleLines are the record's lines for the bundle at real.
+func (rec record) bundleLines(real string) []recordLine {
+	var out []recordLine
+	for _, l := range rec {
+		if l.kind == kindBundle && l.path == real {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+func bundleLines(real string, added []extraRoot) []recordLine {
+	var out []recordLine
+	for _, r := range added {
+		out = append(out, recordLine{sum: r.sum, kind: kindBundle, path: real})
+	}
+	return out
+}
+
+// removeFiles removes the files and links the record lists for which
+// stale holds, and returns the lines of those it could not remove, for
+// the next start to try again. It removes only a file named trustPrefix…
+// or a link to one: a hash link a later rehash gave to another root is
+// left alone.
+func (t *trust) removeFiles(root string, rec record, stale func(recordLine) bool, errs *[]error) []recordLine {
+	var kept []recordLine
+	for _, l := range rec {
+		if l.kind != kindFile || !stale(l) {
+			continue
+		}
+		dir, _, err := resolveIn(root, path.Dir(l.path))
+		if err == nil {
+			err = t.removeOurs(root, path.Join(dir, path.Base(l.path)))
+		}
+		if err != nil {
+			*errs = append(*errs, fmt.Errorf("removing %s, made for a [network] trust root no longer listed: %w", l.path, err))
+			kept = append(kept, l)
+		}
+	}
+	return kept
+}
+
+func (t *trust) removeOurs(root, p string) error {
+	full := filepath.Join(root, p)
+	fi, err := os.Lstat(full)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	ours := strings.HasPrefix(path.Base(p), trustPrefix)
+	if !ours && fi.Mode()&fs.ModeSymlink != 0 {
+		target, err := os.Readlink(full)
+		ours = err == nil && strings.HasPrefix(path.Base(target), trustPrefix)
+	}
+	if !ours {
+		return nil
+	}
+	if err := os.Remove(full); err != nil {
+		return err
+	}
+	t.changed = append(t.changed, p)
+	return nil
+}
+
+// writeRecord writes next as trustRecord, unless it holds that already;
+// with nothing to record, it removes the record an earlier start wrote.
+func (t *trust) writeRecord(root string, rec record, next []recordLine) error {
+	if len(next) == 0 {
+		if len(rec) == 0 {
+			return nil
+		}
+		err := os.Remove(filepath.Join(root, trustRecord))
+		if err == nil {
+			t.changed = append(t.changed, trustRecord)
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	lines := make([]string, 0, len(next))
+	for _, l := range next {
+		lines = append(lines, hex.EncodeToString(l.sum[:])+" "+l.kind+" "+l.path+"\n")
+	}
+	sort.Strings(lines)
+	lines = slices.Compact(lines)
+	return t.writeIfChanged(root, trustRecord, []byte(strings.Join(lines, "")))
 }
 
 // writeIfChanged writes b to p (in the guest, through any symlinks) unless
@@ -263,40 +589,49 @@ func (t *trust) writeIfChanged(root, p string, b []byte) error {
 	return nil
 }
 
-// linkHash makes OpenSSL's hashed directory find the CA: moat.pem links to
-// the anchor and <subject hash>.N to moat.pem, the very links
+// linkHash makes OpenSSL's hashed directory find cert: name (moat.pem for
+// the CA) links to its anchor and <subject hash>.N to name, the very links
 // update-ca-certificates would make, so its next run agrees with them.
 // Links, not copies: a CA that changes needs only the anchor rewritten.
-func (t *trust) linkHash(root string, cert *x509.Certificate) error {
+// It returns the links it made or found right (resolved, in the guest):
+// name's, and <hash>.N's unless a link of the image's own already leads
+// to cert (a trust root the image ships).
+func (t *trust) linkHash(root string, cert *x509.Certificate, name, anchor string) ([]string, error) {
 	dir, _, err := resolveIn(root, hashDir)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := t.symlink(root, path.Join(dir, path.Base(hashLinkTarget)), debianAnchor); err != nil {
-		return err
+	links := []string{path.Join(dir, name)}
+	if err := t.symlink(root, links[0], anchor); err != nil {
+		return nil, err
 	}
 	h, err := subjectHash(cert.RawSubject)
 	if err != nil {
-		return err
+		return links, err
 	}
 	// OpenSSL tries <hash>.0, .1, ... until one is missing; another root
 	// with the same subject hash may hold .0 already. The bound is
 	// generous: a collision between two roots is already rare.
 	for i := range 10 {
-		name := path.Join(dir, fmt.Sprintf("%08x.%d", h, i))
-		target, err := os.Readlink(filepath.Join(root, name))
+		link := path.Join(dir, fmt.Sprintf("%08x.%d", h, i))
+		target, err := os.Readlink(filepath.Join(root, link))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
-			return t.symlink(root, name, path.Base(hashLinkTarget))
-		case err == nil && target == path.Base(hashLinkTarget):
-			return nil
+			return append(links, link), t.symlink(root, link, name)
+		case err == nil && target == name:
+			return append(links, link), nil
 		}
-		if c, err := readCert(root, name); err == nil && tlsca.IsMoatCA(c) {
+		c, err := readCert(root, link)
+		switch {
+		case err != nil:
+		case tlsca.IsMoatCA(c) && tlsca.IsMoatCA(cert):
 			// An older moat CA's link or copy, by another name.
-			return t.symlink(root, name, path.Base(hashLinkTarget))
+			return append(links, link), t.symlink(root, link, name)
+		case c.Equal(cert):
+			return links, nil
 		}
 	}
-	return fmt.Errorf("no free name for %08x.N", h)
+	return links, fmt.Errorf("no free name for %08x.N", h)
 }
 
 // symlink makes name (resolved, in the guest) a link to target, replacing

@@ -360,7 +360,7 @@ func TestMergeBundle(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, others := mergeBundle([]byte(tt.in), []byte(caPEM))
+			got, others, _ := mergeBundle([]byte(tt.in), []byte(caPEM), nil, nil)
 			if string(got) != tt.want || others != tt.others {
 				t.Errorf("mergeBundle = %q, others %v\nwant %q, others %v", got, others, tt.want, tt.others)
 			}
@@ -512,4 +512,341 @@ func snapshot(t *testing.T, root string) map[string]string {
 		return nil
 	})
 	return out
+}
+
+// trustRoot is a private CA as a [network] trust file holds it: a corporate
+// TLS-inspecting proxy's, or a test's own.
+type trustRoot struct {
+	cert *x509.Certificate
+	key  *ecdsa.PrivateKey
+	pem  []byte
+}
+
+func newTrustRoot(t *testing.T, cn string) trustRoot {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{Organization: []string{"Corp"}, CommonName: cn},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return trustRoot{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+// leaf is a server certificate for host signed by the root.
+func (r trustRoot) leaf(t *testing.T, host string) *x509.Certificate {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(7), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, r.cert, key.Public(), r.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	return c
+}
+
+// caFile is what the daemon writes to the guest's ca.pem: the CA, then the roots.
+func caFile(ca *tlsca.CA, roots ...trustRoot) []byte {
+	b := slices.Clone(ca.CertPEM())
+	for _, r := range roots {
+		b = append(b, r.pem...)
+	}
+	return b
+}
+
+// holds counts the certificates equal to c in the file at guest path p.
+func holds(t *testing.T, root, p string, c *x509.Certificate) int {
+	t.Helper()
+	n := 0
+	for _, got := range certsIn(t, root, p) {
+		if got.Equal(c) {
+			n++
+		}
+	}
+	return n
+}
+
+// trustFiles lists the files and links under root whose name or link
+// target starts with moat-trust-, and the record.
+func trustFiles(t *testing.T, root string) []string {
+	t.Helper()
+	var out []string
+	for p, v := range snapshot(t, root) {
+		if strings.HasPrefix(filepath.Base(p), trustPrefix) || strings.HasPrefix(v, "-> "+trustPrefix) || "/"+p == trustRecord {
+			out = append(out, "/"+p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestInstallTrustRoots follows [network] trust through a sandbox's life
+// on each distribution's layout: roots added after the CA in every bundle,
+// with anchors (and, where OpenSSL reads a hashed directory, links); a
+// restart that changes nothing; a root dropped from the configuration
+// taken out again; the image's own roots untouched throughout.
+func TestInstallTrustRoots(t *testing.T) {
+	tests := []struct {
+		name    string
+		files   func(roots string) map[string]string
+		bundles []string // every name of a bundle
+		anchors []string // directory and extension of a root's anchor
+		hashed  bool     // OpenSSL's hashed directory gets links
+	}{{
+		name: "debian",
+		files: func(roots string) map[string]string {
+			return map[string]string{
+				"/etc/ssl/certs/ca-certificates.crt": roots,
+				"/usr/local/share/ca-certificates/":  "",
+			}
+		},
+		bundles: []string{"/etc/ssl/certs/ca-certificates.crt"},
+		anchors: []string{"/usr/local/share/ca-certificates/*.crt"},
+		hashed:  true,
+	}, {
+		name: "alpine",
+		files: func(roots string) map[string]string {
+			return map[string]string{
+				"/etc/ssl/certs/ca-certificates.crt": roots,
+				"/etc/ssl/cert.pem":                  "-> certs/ca-certificates.crt",
+			}
+		},
+		bundles: []string{"/etc/ssl/certs/ca-certificates.crt", "/etc/ssl/cert.pem"},
+		anchors: []string{"/usr/local/share/ca-certificates/*.crt"},
+		hashed:  true,
+	}, {
+		name: "fedora",
+		files: func(roots string) map[string]string {
+			return map[string]string{
+				"/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem": roots,
+				"/etc/pki/ca-trust/source/anchors/":                 "",
+				"/etc/pki/tls/certs/ca-bundle.crt":                  "-> /etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+				"/etc/pki/tls/cert.pem":                             "-> /etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+				"/etc/ssl/certs":                                    "-> /etc/pki/tls/certs",
+			}
+		},
+		bundles: []string{"/etc/pki/tls/certs/ca-bundle.crt", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem"},
+		anchors: []string{"/etc/pki/ca-trust/source/anchors/*.pem"},
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			root := t.TempDir()
+			image := systemRoots(t)
+			layout(t, root, tt.files(image))
+			ca := newCA(t)
+			corp, lab := newTrustRoot(t, "Corp Root"), newTrustRoot(t, "Lab Root")
+
+			// First start with two roots.
+			got, err := installCA(root, caFile(ca, corp, lab))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.roots != 2 {
+				t.Errorf("trust.roots %d, want 2", got.roots)
+			}
+			for _, p := range tt.bundles {
+				this, other, rest := countCA(certsIn(t, root, p), ca)
+				if this != 1 || other != 0 || rest != 4 || holds(t, root, p, corp.cert) != 1 || holds(t, root, p, lab.cert) != 1 {
+					t.Errorf("%s: CA %d, other moat CAs %d, others %d (corp %d, lab %d); want 1, 0, 4 (1, 1)",
+						p, this, other, rest, holds(t, root, p, corp.cert), holds(t, root, p, lab.cert))
+				}
+				if b := readGuest(t, root, p); !strings.HasPrefix(b, image) {
+					t.Errorf("%s: the image's roots were not kept as they were", p)
+				}
+				// A client of the bundle verifies a host the gate splices.
+				pool := x509.NewCertPool()
+				for _, c := range certsIn(t, root, p) {
+					pool.AddCert(c)
+				}
+				if _, err := corp.leaf(t, "git.corp.test").Verify(x509.VerifyOptions{Roots: pool, DNSName: "git.corp.test"}); err != nil {
+					t.Errorf("verifying a corp leaf against %s: %v", p, err)
+				}
+			}
+			if got.bundle != tt.bundles[0] {
+				t.Errorf("bundle %q, want %q", got.bundle, tt.bundles[0])
+			}
+			for _, pattern := range tt.anchors {
+				anchors, _ := filepath.Glob(filepath.Join(root, pattern))
+				var n int
+				for _, a := range anchors {
+					if strings.HasPrefix(filepath.Base(a), trustPrefix) {
+						n++
+					}
+				}
+				if n != 2 {
+					t.Errorf("%s: %d trust anchors, want 2 (%v)", pattern, n, anchors)
+				}
+			}
+			if tt.hashed {
+				checkHashLink(t, root, corp.cert, true)
+				checkHashLink(t, root, lab.cert, true)
+			}
+			files := trustFiles(t, root)
+
+			// Restarts with the same roots change nothing.
+			before := snapshot(t, root)
+			for i := range 2 {
+				again, err := installCA(root, caFile(ca, corp, lab))
+				if err != nil || len(again.changed) != 0 {
+					t.Errorf("restart %d: changed %v, %v", i+1, again.changed, err)
+				}
+				if !maps.Equal(before, snapshot(t, root)) {
+					t.Errorf("restart %d changed the files", i+1)
+				}
+			}
+
+			// Lab dropped from the configuration: gone everywhere, corp stays.
+			if _, err := installCA(root, caFile(ca, corp)); err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range tt.bundles {
+				this, _, rest := countCA(certsIn(t, root, p), ca)
+				if this != 1 || rest != 3 || holds(t, root, p, corp.cert) != 1 || holds(t, root, p, lab.cert) != 0 {
+					t.Errorf("%s after dropping lab: CA %d, others %d, corp %d, lab %d; want 1, 3, 1, 0",
+						p, this, rest, holds(t, root, p, corp.cert), holds(t, root, p, lab.cert))
+				}
+			}
+			if tt.hashed {
+				checkHashLink(t, root, corp.cert, true)
+				checkHashLink(t, root, lab.cert, false)
+			}
+			if left := trustFiles(t, root); len(left) >= len(files) {
+				t.Errorf("files after dropping lab %v; before %v", left, files)
+			}
+
+			// No roots at all: as if there had never been any.
+			if _, err := installCA(root, ca.CertPEM()); err != nil {
+				t.Fatal(err)
+			}
+			if left := trustFiles(t, root); len(left) != 0 {
+				t.Errorf("left behind: %v", left)
+			}
+			fresh := t.TempDir()
+			layout(t, fresh, tt.files(image))
+			if _, err := installCA(fresh, ca.CertPEM()); err != nil {
+				t.Fatal(err)
+			}
+			if a, b := snapshot(t, root), snapshot(t, fresh); !maps.Equal(a, b) {
+				t.Errorf("after dropping every root the store differs from one that never had any:\n%v\n%v", a, b)
+			}
+		})
+	}
+}
+
+func readGuest(t *testing.T, root, p string) string {
+	t.Helper()
+	real, _, err := resolveIn(root, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(root, real))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// checkHashLink checks whether OpenSSL's lookup in /etc/ssl/certs, which
+// tries <subject hash>.0, .1, ... until one is missing, finds c.
+func checkHashLink(t *testing.T, root string, c *x509.Certificate, want bool) {
+	t.Helper()
+	h, err := subjectHash(c.RawSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for i := 0; ; i++ {
+		got, err := readCert(root, fmt.Sprintf("/etc/ssl/certs/%08x.%d", h, i))
+		if err != nil {
+			break
+		}
+		found = found || got.Equal(c)
+	}
+	if found != want {
+		t.Errorf("OpenSSL's hashed directory finds %q: %v, want %v", c.Subject, found, want)
+	}
+}
+
+// TestInstallTrustRootsImageOwn: a root the image ships itself is neither
+// added a second time nor removed when the configuration drops it.
+func TestInstallTrustRootsImageOwn(t *testing.T) {
+	root := t.TempDir()
+	corp := newTrustRoot(t, "Corp Root")
+	h, _ := subjectHash(corp.cert.RawSubject)
+	hashLink := fmt.Sprintf("/etc/ssl/certs/%08x.0", h)
+	image := systemRoots(t) + string(corp.pem)
+	layout(t, root, map[string]string{
+		"/etc/ssl/certs/ca-certificates.crt": image,
+		"/etc/ssl/certs/corp.pem":            string(corp.pem),
+		hashLink:                             "-> corp.pem",
+	})
+	ca := newCA(t)
+	const bundle = "/etc/ssl/certs/ca-certificates.crt"
+	for _, step := range []struct {
+		name  string
+		roots []trustRoot
+	}{{"listed", []trustRoot{corp}}, {"listed again", []trustRoot{corp}}, {"dropped", nil}} {
+		if _, err := installCA(root, caFile(ca, step.roots...)); err != nil {
+			t.Fatal(err)
+		}
+		if n := holds(t, root, bundle, corp.cert); n != 1 {
+			t.Errorf("%s: the bundle holds the image's root %d times, want 1", step.name, n)
+		}
+		if b := readGuest(t, root, bundle); !strings.HasPrefix(b, image) {
+			t.Errorf("%s: the image's roots were not kept as they were", step.name)
+		}
+		if got, _ := os.Readlink(filepath.Join(root, hashLink)); got != "corp.pem" {
+			t.Errorf("%s: %s links to %q, want the image's corp.pem", step.name, hashLink, got)
+		}
+		checkHashLink(t, root, corp.cert, true)
+	}
+}
+
+// TestInstallTrustRootsRenewed: a root renewed under the same subject (a
+// new key) replaces the old one in OpenSSL's hashed directory without a
+// gap before it, which would hide it.
+func TestInstallTrustRootsRenewed(t *testing.T) {
+	root := t.TempDir()
+	layout(t, root, map[string]string{"/etc/ssl/certs/ca-certificates.crt": systemRoots(t)})
+	ca := newCA(t)
+	old, cur := newTrustRoot(t, "Corp Root"), newTrustRoot(t, "Corp Root")
+	for _, r := range []trustRoot{old, cur} {
+		if _, err := installCA(root, caFile(ca, r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	checkHashLink(t, root, cur.cert, true)
+	checkHashLink(t, root, old.cert, false)
+	if n := holds(t, root, "/etc/ssl/certs/ca-certificates.crt", old.cert); n != 0 {
+		t.Errorf("the bundle still holds the old root %d times", n)
+	}
+}
+
+// TestInstallTrustRootsNoBundle: an image without roots gets the CA and the
+// trust roots, and no REQUESTS_CA_BUNDLE (which would replace certifi's).
+func TestInstallTrustRootsNoBundle(t *testing.T) {
+	root := t.TempDir()
+	layout(t, root, map[string]string{"/etc/": ""})
+	ca, corp := newCA(t), newTrustRoot(t, "Corp Root")
+	got, err := installCA(root, caFile(ca, corp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.bundle != "" {
+		t.Errorf("bundle %q for a store of moat's own certificates alone", got.bundle)
+	}
+	if holds(t, root, debianBundle, corp.cert) != 1 || holds(t, root, debianBundle, ca.Cert()) != 1 {
+		t.Errorf("%s does not hold the CA and the root once each", debianBundle)
+	}
 }

@@ -16,11 +16,12 @@
 //	host_key       string  path inside the guest of the agent's private host key
 //	nameserver     string  the resolver the guest uses (the gateway)
 //	env            []string base environment of every session ("K=V")
-//	ca_file        string  path inside the guest of the sandbox CA's PEM
-//	                       certificate (CAFile), which init adds to the
-//	                       guest's trust stores; empty (records written
-//	                       before TLS inspection): no CA, init leaves the
-//	                       trust stores alone
+//	ca_file        string  path inside the guest of a PEM file (CAFile):
+//	                       the sandbox CA's certificate first, then the
+//	                       root certificates of [network] trust, if any;
+//	                       init adds them all to the guest's trust stores;
+//	                       empty (records written before TLS inspection):
+//	                       no CA, init leaves the trust stores alone
 //
 // The guest runs the very same moat binary as the host, so reader and
 // writer never disagree on this format; the schema number is for records
@@ -42,7 +43,8 @@ const (
 	Binary = "/.moat/moat"
 	File   = "/.moat/guest.json"
 	// CAFile is where the daemon puts the sandbox CA's certificate (never
-	// its key): ca.pem in the guest dir, which is mounted at Dir.
+	// its key), followed by the [network] trust roots: ca.pem in the guest
+	// dir, which is mounted at Dir.
 	CAFile = "/.moat/ca.pem"
 )
 
