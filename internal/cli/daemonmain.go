@@ -143,6 +143,7 @@ func daemonMain(dir string) int {
 			// The host's package repositories always (the host's tools are
 			// what the user runs), and the image's own settings.
 			DiscoverRoots: append([]string{"/"}, plan.Layers...), DiscoverHost: true,
+			Audit: cfg.Audit,
 		}}
 	if ready != nil {
 		opts.Ready = ready

@@ -3,8 +3,10 @@ package cli
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -243,7 +245,13 @@ func newAuditCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "audit NAME [-f]",
 		Short: "Print the gate's audit log: one line per decision",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print the gate's audit log: one line per decision, oldest first, across
+its rotated files. A connection the gate carried has two lines: its
+decision when it was made, and "end" with its bytes and duration. A
+destination refused again and again has its first refusal, then one line
+per 10 s saying how many more there were. "dropped" lines say what was
+lost (a full disk) or deleted (the [audit] size bound and retention).`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
@@ -264,12 +272,21 @@ func newAuditCmd() *cobra.Command {
 				if r.Rule != "" {
 					why = strings.TrimSpace(r.Layer + " " + r.Rule + " " + why)
 				}
-				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), r.Verdict, r.Proto, r.Dst, name, why)
+				verdict := r.Verdict
+				switch {
+				case r.Count > 0:
+					// An aggregate: the first of these has a line of its own.
+					why = fmt.Sprintf("%s (%d more until %s)", why, r.Count, r.Last.Local().Format("15:04:05"))
+				case r.Phase == audit.PhaseEnd:
+					verdict = "end"
+					why = fmt.Sprintf("%d B up, %d B down in %d ms; %s", r.BytesUp, r.BytesDown, r.DurationMS, why)
+				}
+				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
 			}
 			path := filepath.Join(dir, "audit.jsonl")
 			if !follow {
 				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
-				if os.IsNotExist(err) {
+				if errors.Is(err, fs.ErrNotExist) {
 					return nil
 				}
 				return err

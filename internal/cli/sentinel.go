@@ -69,6 +69,12 @@ func printActivity(out io.Writer, a *control.Activity, g *control.GateStatus) {
 	}
 	if g != nil {
 		fmt.Fprintf(out, "gate:       %s mode, %d watcher(s), %d destination(s) held\n", g.Mode, g.Watchers, g.Holds)
+		if g.AuditFailing != "" {
+			fmt.Fprintf(out, "audit:      failing, nothing goes through: %s\n", g.AuditFailing)
+		}
+		if g.AuditLost > 0 {
+			fmt.Fprintf(out, "audit:      %d record(s) could not be written; the audit log's dropped records say when\n", g.AuditLost)
+		}
 	}
 }
 

@@ -77,6 +77,12 @@ type GateStatus struct {
 	Mode     string `json:"mode"` // enforce | report
 	Watchers int    `json:"watchers"`
 	Holds    int    `json:"holds"` // connections' destinations waiting for an answer
+	// AuditLost counts the audit records never written since the daemon
+	// started (a full queue, a full disk); the audit log itself says so
+	// too once it can be written. AuditFailing is why the audit log
+	// cannot be written now, while the gate lets nothing through.
+	AuditLost    int64  `json:"audit_lost"`
+	AuditFailing string `json:"audit_failing,omitempty"`
 }
 
 // StopRequest is the body of POST /v1/stop.

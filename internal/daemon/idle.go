@@ -304,7 +304,11 @@ func (d *daemon) gateStatus() *control.GateStatus {
 	if d.net == nil {
 		return nil
 	}
-	g := &control.GateStatus{Mode: "enforce", Watchers: d.net.holds.Watchers(), Holds: len(d.net.holds.Pending())}
+	g := &control.GateStatus{Mode: "enforce", Watchers: d.net.holds.Watchers(), Holds: len(d.net.holds.Pending()),
+		AuditLost: d.net.audit.Lost()}
+	if err := d.net.audit.Failing(); err != nil {
+		g.AuditFailing = err.Error()
+	}
 	if d.net.gate.Report() {
 		g.Mode = "report"
 	}

@@ -42,6 +42,8 @@ type NetworkOptions struct {
 	DiscoverRoots []string
 	// DiscoverHost also asks the host's own tools (go env, npm config).
 	DiscoverHost bool
+	// Audit bounds the audit log ([audit]); zero: the defaults.
+	Audit config.Audit
 }
 
 // Rules assembles the policy's rules, lowest layer first: the named
@@ -253,7 +255,8 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		}
 		servers = s
 	}
-	al, err := audit.Open(filepath.Join(d.o.Dir, "audit.jsonl"), 0, 0)
+	al, err := audit.OpenWith(filepath.Join(d.o.Dir, "audit.jsonl"), audit.Options{
+		MaxBytes: int64(o.Audit.MaxBytes), Retention: o.Audit.Retention, Logger: d.log.With("component", "audit")})
 	if err != nil {
 		return nil, fmt.Errorf("opening the audit log: %w", err)
 	}

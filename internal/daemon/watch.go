@@ -98,6 +98,10 @@ func (h *watchHub) publish(ev control.Event) {
 
 // tap is the audit log's tap: every decision goes to every watcher.
 func (n *network) tap(r audit.Record) {
+	if r.Phase == audit.PhaseEnd {
+		// Watchers see decisions; a connection's end is not one.
+		return
+	}
 	n.hub.publish(control.Event{Schema: control.Schema, Type: control.EventDecision,
 		Sandbox: filepath.Base(n.dir), Time: r.Time, Record: &r})
 }
