@@ -26,6 +26,8 @@ package gate
 // Credentials go in the upgrade request's headers, where they are swapped.
 
 import (
+	"compress/gzip"
+	"compress/zlib"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -38,6 +40,7 @@ import (
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/netip"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -188,7 +191,7 @@ func (g *Gate) newMITM() *mitm {
 	}
 	m.proxy = &httputil.ReverseProxy{
 		Rewrite:        rewrite,
-		Transport:      m.transport,
+		Transport:      scrubbing1xx{g: g, rt: m.transport},
 		FlushInterval:  -1, // server-sent events and any trickle reach the guest as they arrive
 		ErrorLog:       discard,
 		ErrorHandler:   g.upstreamFailed,
@@ -505,6 +508,39 @@ func rewrite(pr *httputil.ProxyRequest) {
 	pr.Out.URL.Host = rs.ic.authority
 }
 
+// scrubbing1xx scrubs the 1xx responses (103 Early Hints, 100 Continue)
+// of the requests whose answers are scrubbed. The proxy copies a 1xx
+// response's header to the guest from a ClientTrace hook of its own,
+// before ModifyResponse sees anything, and a hook the handler adds to the
+// request's context runs after the proxy's; one added here, between the
+// proxy and the transport, runs first and scrubs the header the proxy
+// then copies.
+type scrubbing1xx struct {
+	g  *Gate
+	rt http.RoundTripper
+}
+
+func (t scrubbing1xx) RoundTrip(r *http.Request) (*http.Response, error) {
+	if rs := stateOf(r); rs != nil && rs.scrubHeader {
+		creds := t.g.o.Credentials
+		r = r.WithContext(httptrace.WithClientTrace(r.Context(), &httptrace.ClientTrace{
+			Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+				creds.ScrubHeader(http.Header(h))
+				return nil
+			},
+		}))
+	}
+	return t.rt.RoundTrip(r)
+}
+
+// unscrubbableError is an answer from a bound host whose body the gate
+// cannot read to scrub: it is dropped, and the audit says why.
+type unscrubbableError struct{ encoding string }
+
+func (e *unscrubbableError) Error() string {
+	return fmt.Sprintf("the answer is encoded with %q, which the gate cannot read to scrub secrets from it; it was dropped", clip(e.encoding, 64))
+}
+
 // modifyResponse scrubs secret values from the answer and counts it.
 func (g *Gate) modifyResponse(resp *http.Response) error {
 	rs := stateOf(resp.Request)
@@ -513,16 +549,26 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 	}
 	if rs.scrubHeader {
 		g.o.Credentials.ScrubHeader(resp.Header)
+		// The names the proxy announces in the Trailer header now; the
+		// values once the body is read (scrubTrailer).
+		g.o.Credentials.ScrubHeader(resp.Trailer)
 	}
 	if rs.scrub {
 		if hasBody(resp) && resp.StatusCode != http.StatusSwitchingProtocols {
+			body, err := decompressed(resp)
+			if err != nil {
+				return err
+			}
 			// The value and its placeholder may differ in length: the
 			// length is no longer known, and the answer is chunked (or
 			// framed by HTTP/2) instead.
-			resp.Body = g.o.Credentials.ScrubBody(resp.Body)
+			resp.Body = g.o.Credentials.ScrubBody(body)
 			resp.ContentLength = -1
 			resp.Header.Del("Content-Length")
 		}
+	}
+	if rs.scrubHeader && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = &scrubTrailer{ReadCloser: resp.Body, resp: resp, creds: g.o.Credentials}
 	}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// After an upgrade the body is the upstream's end of a byte
@@ -536,6 +582,68 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 	}
 	resp.Body = &countingBody{ReadCloser: resp.Body, n: &rs.down}
 	return nil
+}
+
+// decompressed is the answer's body as the gate can scrub it. Request
+// asks bound hosts for identity encoding; one that compresses anyway
+// with gzip or deflate is decompressed (the guest gets it as identity),
+// any other encoding cannot be read and the answer is refused.
+func decompressed(resp *http.Response) (io.ReadCloser, error) {
+	ce := strings.ToLower(strings.TrimSpace(strings.Join(resp.Header.Values("Content-Encoding"), ",")))
+	var open func(io.Reader) (io.Reader, error)
+	switch ce {
+	case "", "identity":
+		return resp.Body, nil
+	case "gzip", "x-gzip":
+		open = func(r io.Reader) (io.Reader, error) { return gzip.NewReader(r) }
+	case "deflate":
+		open = func(r io.Reader) (io.Reader, error) { return zlib.NewReader(r) }
+	default:
+		return nil, &unscrubbableError{encoding: ce}
+	}
+	resp.Header.Del("Content-Encoding")
+	resp.Uncompressed = true
+	return &lazyDecoder{src: resp.Body, open: open}, nil
+}
+
+// lazyDecoder opens its decompressor at the first Read: the gzip and zlib
+// readers read their header when made, which would hold up the answer's
+// head until the first bytes of its body came.
+type lazyDecoder struct {
+	src  io.ReadCloser
+	open func(io.Reader) (io.Reader, error)
+	r    io.Reader
+}
+
+func (l *lazyDecoder) Read(p []byte) (int, error) {
+	if l.r == nil {
+		r, err := l.open(l.src)
+		if err != nil {
+			return 0, err
+		}
+		l.r = r
+	}
+	return l.r.Read(p)
+}
+
+func (l *lazyDecoder) Close() error { return l.src.Close() }
+
+// scrubTrailer scrubs the answer's trailers once its body is read: the
+// transport fills resp.Trailer (HTTP/1.1 chunked, HTTP/2 trailing
+// HEADERS) just before the body's EOF, and the proxy copies them to the
+// guest after it.
+type scrubTrailer struct {
+	io.ReadCloser
+	resp  *http.Response
+	creds Credentials
+}
+
+func (b *scrubTrailer) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.creds.ScrubHeader(b.resp.Trailer)
+	}
+	return n, err
 }
 
 func hasBody(resp *http.Response) bool {

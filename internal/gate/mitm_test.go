@@ -125,6 +125,7 @@ func startUpstream(t testing.TB) *upstream {
 		fmt.Fprintf(w, "%d", n+5)
 	})
 	mux.HandleFunc("/ws", wsEcho)
+	mux.HandleFunc("/echo-elsewhere", echoElsewhere)
 	s := httptest.NewUnstartedServer(mux)
 	s.Listener = listenAt(t, u.addr+":443")
 	s.EnableHTTP2 = true
