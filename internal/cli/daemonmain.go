@@ -3,6 +3,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/logfile"
 	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
@@ -47,7 +49,14 @@ func upstreamDNS(v string) ([]netip.AddrPort, error) {
 
 // daemonMain is the `__daemon DIR` role, started detached by `moat up`.
 func daemonMain(dir string) int {
-	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "daemon", "sandbox", filepath.Base(dir))
+	// The log, and the hooks' output, rotate within a bound (a guest
+	// controls how much they write); stdout and stderr follow each new
+	// file, for what reaches them directly (a panic).
+	var logOut io.Writer = os.Stderr
+	if w, err := logfile.Open(filepath.Join(dir, "daemon.log"), logfile.DaemonMaxBytes, logfile.Options{Redirect: []int{1, 2}}); err == nil {
+		logOut = w
+	}
+	log := slog.New(slog.NewTextHandler(logOut, nil)).With("component", "daemon", "sandbox", filepath.Base(dir))
 	var ready *os.File
 	if os.Getenv("MOAT_READY_FD") == "3" {
 		ready = os.NewFile(3, "ready")
@@ -134,7 +143,7 @@ func daemonMain(dir string) int {
 	if err != nil {
 		return fail(err)
 	}
-	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, ImageRef: rec.Image,
+	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, LogOut: logOut, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
 		IdleTimeout: idleTimeout(cfg.Sandbox), SSHAgentKeys: cfg.SSHAgent.Keys, SSHAgentConfirm: cfg.SSHAgent.Confirm,
 		Limits: limitsPtr(resources.FromConfig(cfg.Sandbox)),

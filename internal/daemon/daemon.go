@@ -60,6 +60,7 @@ type Options struct {
 	Plan     *runtime.Plan
 	Guest    *guestspec.Spec
 	Log      *slog.Logger
+	LogOut   io.Writer      // what Log writes to, for hook output; nil: stderr
 	Ready    io.WriteCloser // may be nil
 	ImageRef string
 	Network  NetworkOptions
@@ -349,9 +350,9 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 	ours := os.NewFile(uintptr(pair[0]), "shim-ours")
 	theirs := os.NewFile(uintptr(pair[1]), "shim-theirs")
 
-	// O_APPEND: the shim, runsc and the guest's console each write through
-	// their own view of this file; appending, none overwrites another.
-	logf, err := os.OpenFile(filepath.Join(d.o.Dir, "runsc.log"), os.O_CREATE|os.O_WRONLY|os.O_TRUNC|os.O_APPEND, 0o600)
+	// The shim, runsc and the guest's console write into a pipe that the
+	// daemon copies into runsc.log, within its bound (logs.go).
+	logf, logDone, err := d.runscLog()
 	if err != nil {
 		ours.Close()
 		theirs.Close()
@@ -377,6 +378,7 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 		}
 		err := cmd.Start()
 		theirs.Close()
+		logf.Close() // the shim's copy is the pipe's only writer now: its end is the log's
 		if err == nil {
 			d.shimPID.Store(int64(cmd.Process.Pid))
 		}
@@ -384,8 +386,14 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 		if err != nil {
 			return
 		}
-		exited <- cmd.Wait()
-		logf.Close()
+		err = cmd.Wait()
+		// runsc's last words before the exit is reported; bounded, as a
+		// process that escaped the namespace would keep the pipe open.
+		select {
+		case <-logDone:
+		case <-time.After(2 * time.Second):
+		}
+		exited <- err
 	}()
 	if err := <-started; err != nil {
 		ours.Close()

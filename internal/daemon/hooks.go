@@ -90,7 +90,7 @@ func (d *daemon) runHooks(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	out := &hookOut{ready: d.o.Ready, log: os.Stderr}
+	out := &hookOut{ready: d.o.Ready, log: d.logOut()}
 	defer state.Update(d.o.Dir, func(r *state.Record) error { r.Hook = ""; return nil })
 	run := func(phase string, i int, cmd string) (int, error) {
 		state.Update(d.o.Dir, func(r *state.Record) error {

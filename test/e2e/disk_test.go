@@ -182,3 +182,31 @@ func TestDiskKeptResizedFreed(t *testing.T) {
 	}
 	assertNothingLeft(t)
 }
+
+// TestGuestLogsBounded: what a guest's root writes to its console lands
+// in runsc.log on the host, which rotates within its bound (16 MiB, one
+// old file kept) however much is written.
+func TestGuestLogsBounded(t *testing.T) {
+	dir := project(t, "disk-logs")
+	state := filepath.Join(moatHome, "state/sandboxes/disk-logs")
+	const wrote = 40 << 20
+	out := mustMoat(t, dir, "run", "--", "sudo", "sh", "-c",
+		"head -c "+strconv.Itoa(wrote)+" /dev/zero | tr '\\0' x | fold -w 99 > /proc/1/fd/1; echo rc=$?")
+	if strings.TrimSpace(out) != "rc=0" {
+		t.Fatalf("writing to the console: %q", out)
+	}
+	var total int64
+	for _, f := range []string{"runsc.log", "runsc.log.1"} {
+		if fi, err := os.Stat(filepath.Join(state, f)); err == nil {
+			total += fi.Size()
+		}
+	}
+	// The console's lines reached the host (else the bound proves
+	// nothing), and no more than two files' worth stayed.
+	if total < 16<<20 || total > 32<<20 {
+		t.Errorf("runsc.log and runsc.log.1 hold %d MiB after the guest wrote %d MiB; want 16 to 32", total>>20, wrote>>20)
+	}
+	if out := mustMoat(t, dir, "run", "--", "echo", "alive"); strings.TrimSpace(out) != "alive" {
+		t.Errorf("after the flood: %q", out)
+	}
+}
