@@ -110,10 +110,11 @@ func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discover
 	return out, nil
 }
 
-// PresetRules are the hosts of the agent presets used in the sandbox, as
-// the preset layer: above the named policies, so `use = ["none"]` does
-// not take an agent's API away, and below the user's and the project's
-// files, so either can block what a preset allows.
+// PresetRules are the hosts and telemetry blocks of the agent presets
+// used in the sandbox, as the preset layer: above the named policies, so
+// `use = ["none"]` does not take an agent's API away, and below the
+// user's and the project's files, so either can block what a preset
+// allows, or allow what it blocks.
 func PresetRules(presets []string) []policy.Rule {
 	var out []policy.Rule
 	for _, name := range presets {
@@ -121,12 +122,19 @@ func PresetRules(presets []string) []policy.Rule {
 		if err != nil {
 			continue // a preset this moat no longer knows
 		}
-		rs, err := policy.FromEntries(p.Hosts, policy.Allow, policy.LayerPreset, "preset "+name)
-		if err != nil {
-			// The presets' entries are tested (preset.TestPresetsAreValid).
-			panic(fmt.Sprintf("preset %s: %v", name, err))
+		// Its telemetry blocks too: a user's or project's allow, a higher
+		// layer, overrides them.
+		for _, e := range []struct {
+			entries []string
+			a       policy.Action
+		}{{p.Hosts, policy.Allow}, {p.Block, policy.Block}} {
+			rs, err := policy.FromEntries(e.entries, e.a, policy.LayerPreset, "preset "+name)
+			if err != nil {
+				// The presets' entries are tested (preset.TestPresetsAreValid).
+				panic(fmt.Sprintf("preset %s: %v", name, err))
+			}
+			out = append(out, rs...)
 		}
-		out = append(out, rs...)
 	}
 	return out
 }
