@@ -83,6 +83,10 @@ func (c *checker) file(raw *rawFile) *File {
 		Inspect: raw.Network.Inspect,
 		Trust:   c.trust("network.trust", raw.Network.Trust),
 		Mode:    c.mode("network.mode", raw.Network.Mode),
+
+		MaxConnections: c.atLeast("network.max_connections", raw.Network.MaxConnections, 1),
+		MaxDNSQueries:  c.atLeast("network.max_dns_queries", raw.Network.MaxDNSQueries, 1),
+		MaxHolds:       c.atLeast("network.max_holds", raw.Network.MaxHolds, 1),
 	}
 	f.Policies = c.policies(raw.Policies)
 	f.Audit = c.audit(&raw.Audit)

@@ -165,6 +165,10 @@ type NetworkLayer struct {
 	Trust []string `json:"trust,omitempty"`
 	// Mode is ModeEnforce or ModeReport, empty when the file does not set it.
 	Mode string `json:"mode,omitempty"`
+	// The gate's per-sandbox bounds, nil when the file does not set them.
+	MaxConnections *int `json:"max_connections,omitempty"`
+	MaxDNSQueries  *int `json:"max_dns_queries,omitempty"`
+	MaxHolds       *int `json:"max_holds,omitempty"`
 }
 
 // Network modes.
@@ -192,6 +196,13 @@ type Network struct {
 	// Inspect makes the gate terminate TLS for every allowed HTTPS host,
 	// not only for hosts with a bound secret or method/path rules.
 	Inspect bool `json:"inspect,omitempty"`
+	// MaxConnections, MaxDNSQueries and MaxHolds bound what the gate
+	// holds for the sandbox at once: open connections, DNS queries being
+	// answered, destinations waiting for a watcher. 0: derived from
+	// memory_max by the daemon (connections, DNS) or the gate's default.
+	MaxConnections int `json:"max_connections,omitempty"`
+	MaxDNSQueries  int `json:"max_dns_queries,omitempty"`
+	MaxHolds       int `json:"max_holds,omitempty"`
 	// Trust is PEM files of root certificates the gate accepts from
 	// upstreams besides the host's own roots: a corporate TLS proxy, or
 	// a test's own CA. Parse has checked that each holds certificates.

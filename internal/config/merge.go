@@ -142,6 +142,9 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 	if n.Mode != "" {
 		c.Network.Mode = n.Mode
 	}
+	setVal(&c.Network.MaxConnections, n.MaxConnections)
+	setVal(&c.Network.MaxDNSQueries, n.MaxDNSQueries)
+	setVal(&c.Network.MaxHolds, n.MaxHolds)
 	if len(n.Use)+len(n.Allow)+len(n.Block)+len(n.Trust) > 0 || n.Inspect != nil || n.Mode != "" {
 		c.Network.Layers = append(c.Network.Layers, n)
 	}

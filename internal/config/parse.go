@@ -161,6 +161,10 @@ type rawNetwork struct {
 	Inspect *bool    `toml:"inspect"`
 	Trust   []string `toml:"trust"`
 	Mode    *string  `toml:"mode"`
+
+	MaxConnections *int64 `toml:"max_connections"`
+	MaxDNSQueries  *int64 `toml:"max_dns_queries"`
+	MaxHolds       *int64 `toml:"max_holds"`
 }
 
 type rawSecret struct {
@@ -193,7 +197,7 @@ var knownKeys = map[string][]string{
 	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
-	"network":    {"use", "allow", "block", "inspect", "trust", "mode"},
+	"network":    {"use", "allow", "block", "inspect", "trust", "mode", "max_connections", "max_dns_queries", "max_holds"},
 	"secrets.*":  {"from", "hosts", "header", "query", "require"},
 	"policies.*": {"allow", "block", "source", "refresh"},
 	"forwards":   {"ports", "reverse"},
@@ -298,6 +302,11 @@ var wants = map[string]want{
 	// In its own block: one long key would realign the whole table.
 	"sandbox.daemon_memory_max": wantSize,
 	"sandbox.disk":              wantDisk,
+
+	// The gate's per-sandbox bounds.
+	"network.max_connections": wantInt,
+	"network.max_dns_queries": wantInt,
+	"network.max_holds":       wantInt,
 }
 
 // decodeError turns the decoder's error into *Errors that name the full
