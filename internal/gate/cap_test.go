@@ -52,20 +52,3 @@ func TestMaxConnectionsRefusesBeyondTheLimit(t *testing.T) {
 		t.Errorf("no audit record of the refused connection names max_connections")
 	}
 }
-
-func TestMaxConnectionsFor(t *testing.T) {
-	for _, c := range []struct {
-		memoryMax uint64
-		want      int
-	}{
-		{0, 256},
-		{256 << 20, 256},
-		{1 << 30, 512},
-		{4 << 30, 2048},
-		{64 << 30, 8192},
-	} {
-		if got := MaxConnectionsFor(c.memoryMax); got != c.want {
-			t.Errorf("MaxConnectionsFor(%d MiB) = %d, want %d", c.memoryMax>>20, got, c.want)
-		}
-	}
-}

@@ -188,6 +188,12 @@ func (g *Gate) newMITM() *mitm {
 		// 64 KiB: a bulk download moves in fewer, larger reads.
 		ReadBufferSize:  64 << 10,
 		WriteBufferSize: 64 << 10,
+		// What an upstream may send over HTTP/2 before the gate reads it
+		// (the guest reads it): Go's 4 MiB a stream, which a download over
+		// a long path needs, but 16 MiB a connection instead of Go's
+		// 1 GiB, so a guest that stops reading many streams of one
+		// connection leaves at most that in the daemon.
+		HTTP2: &http.HTTP2Config{MaxReceiveBufferPerStream: 4 << 20, MaxReceiveBufferPerConnection: 16 << 20},
 	}
 	m.proxy = &httputil.ReverseProxy{
 		Rewrite:        rewrite,

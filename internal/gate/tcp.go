@@ -29,19 +29,8 @@ type TCPFlow struct {
 // DefaultMaxConnections bounds the connections one sandbox may hold open
 // through the gate at once when Options.MaxConnections is unset: far
 // above what a build or an agent opens (npm peaks in the low hundreds).
-// The daemon derives its own from the sandbox's memory_max
-// (MaxConnectionsFor).
+// The daemon sets its own, from the memory it may use (ATTACKS 30).
 const DefaultMaxConnections = 1024
-
-// MaxConnectionsFor is the default bound on open connections for a
-// sandbox whose guest may use memoryMax bytes: one per 2 MiB, so that
-// what the gate holds for stalled connections (a few hundred KiB each,
-// netstack window.go and splice below) stays a fraction of what the
-// sandbox itself may use, between 256 (a build's peak with room) and
-// 8192 (the former fixed bound, ATTACKS 30).
-func MaxConnectionsFor(memoryMax uint64) int {
-	return int(min(max(memoryMax/(2<<20), 256), 8192))
-}
 
 // maxPeek bounds the bytes read before a decision: a ClientHello is a few
 // hundred bytes (a few KiB with post-quantum key shares), a request head a
@@ -582,15 +571,17 @@ func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *
 // 32 KiB would halve the frame size on tap0 and double the reads, and on
 // the guest↔gate path each frame costs context switches on both sides.
 //
-// The large buffer is a whole number of full segments. The netstack cuts
-// each write into segments on its own (it merges a write into the one
-// before only when all of it fits), so a 256 KiB write went out as four
-// full frames and a fifth of about 1 KiB: 19.7 frames per MiB on tap0
-// instead of 16.2. Measured, that did not change a download's speed (the
-// bytes cost, not the frames), but the Sentry handles fewer frames.
+// The large buffer is one full segment. The netstack cuts each write into
+// segments on its own (it merges a write into the one before only when all
+// of it fits), so a 256 KiB write went out as four full frames and a fifth
+// of about 1 KiB: 19.7 frames per MiB on tap0 instead of 16.2. Measured,
+// that did not change a download's speed (the bytes cost, not the frames),
+// but the Sentry handles fewer frames. It was four segments; one kept the
+// download's speed and is what a flow whose guest stopped reading holds
+// while its write waits (per direction), a quarter of four.
 const (
 	spliceSmall = 16 << 10
-	spliceLarge = 4 * segmentPayload
+	spliceLarge = segmentPayload
 )
 
 // segmentPayload is the payload of a full segment towards the guest: tap0's
