@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/sentinel"
@@ -121,6 +122,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 				if err := e.usePreset(dir, rec, p, sessEnv); err != nil {
 					return err
 				}
+				argv = preset.SeedArgv(guestspec.Binary, p, rec.Workspace, argv)
 			}
 			err = e.attachEnv(dir, argv, sessionDir(rec.Workspace), sessEnv)
 			if p != nil && len(p.Command) > 0 && exitCodeOf(err) == 127 {

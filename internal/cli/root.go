@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 )
@@ -79,6 +80,10 @@ func Main(args []string) int {
 				return ExitUsage
 			}
 			return resources.Reap(args[2], pid)
+		case preset.SeedRole:
+			// In the guest, as the session's user, in front of a preset's
+			// agent: its first-run settings, then exec.
+			return preset.SeedMain(args[2:], os.Stderr)
 		case "__daemon":
 			if len(args) < 3 {
 				return ExitUsage

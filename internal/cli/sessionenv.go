@@ -14,6 +14,7 @@ import (
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/state"
 )
 
@@ -58,6 +59,7 @@ func withConfigEnv(dir string, sessEnv map[string]string) (map[string]string, er
 	if err != nil {
 		return nil, err
 	}
+	sessEnv = withPresetEnv(rec, sessEnv)
 	cfg, err := snapshot(rec)
 	if err != nil {
 		return nil, err
@@ -76,6 +78,39 @@ func withConfigEnv(dir string, sessEnv map[string]string) (map[string]string, er
 		sessEnv[k] = v
 	}
 	return sessEnv, nil
+}
+
+// withPresetEnv adds, to every session of a sandbox that has used a
+// preset, the preset's variables (its agent's non-essential traffic off)
+// and its key aliases: `moat shell` and then `claude` must run as quiet as
+// `moat run claude`. What the session already has wins.
+func withPresetEnv(rec *state.Record, sessEnv map[string]string) map[string]string {
+	for _, name := range rec.Presets {
+		p, err := preset.Lookup(name)
+		if err != nil {
+			continue // a preset this moat no longer knows
+		}
+		if sessEnv == nil && (len(p.Env) > 0 || len(p.Aliases) > 0) {
+			sessEnv = map[string]string{}
+		}
+		for k, v := range p.Env {
+			if _, ok := sessEnv[k]; !ok {
+				sessEnv[k] = v
+			}
+		}
+		for alias, from := range p.Aliases {
+			if _, ok := sessEnv[alias]; ok {
+				continue
+			}
+			if _, ok := rec.Placeholders[alias]; ok {
+				continue // a secret of its own
+			}
+			if v, ok := rec.Placeholders[from]; ok {
+				sessEnv[alias] = v
+			}
+		}
+	}
+	return sessEnv
 }
 
 // idleTimeout is the daemon's idle stop setting: 0 for "off".

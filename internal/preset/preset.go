@@ -33,27 +33,61 @@ type Preset struct {
 	// Command is the program and its no-prompt flags; empty runs the
 	// sandbox's shell. The user's extra arguments go after it.
 	Command []string
-	// Hosts are allow entries (policy syntax) the agent needs.
+	// Hosts are allow entries (policy syntax) the agent needs to start,
+	// onboard, authenticate with an API key and work.
 	Hosts []string
+	// Block are block entries (policy syntax, usually request rules) for
+	// the agent's telemetry on hosts it needs: the preset layer refuses
+	// them, a user's or project's allow of the same request overrides.
+	Block []string
 	// Secrets are the credentials mapped to secrets by default.
 	Secrets []Secret
-	// Env is set in every session the preset starts.
+	// Aliases are guest variables that carry another secret's
+	// placeholder (variable -> secret): an agent that reads its key from
+	// a name of its own gets the placeholder of the key the user exports.
+	Aliases map[string]string
+	// Env is set in every session of a sandbox that has used the preset,
+	// started through it or not (`moat shell`, then the agent): it turns
+	// the agent's non-essential traffic off.
 	Env map[string]string
 	// Install says how to get the program into an image that lacks it.
 	Install string
+	// Package is the npm package Install installs; the seeding role reads
+	// the installed version from its package.json.
+	Package string
+	// Checked is the agent's version the preset (hosts, blocks, seeded
+	// settings) was last checked with, by test/e2e/agents_test.go against
+	// the installed package. A newer installed version gets a note on
+	// the preset's run: it may need a host the preset does not know.
+	Checked string
 	Summary string
 }
 
-// presets are the built-in ones. Host lists are what each agent needs
-// to log in and to talk to its model; telemetry and error-reporting hosts
-// are left out (both agents work without them, and a denied attempt shows
-// in `moat network denials` for a user who wants to allow it).
+// presets are the built-in ones. Host lists are what each agent needs to
+// start, pass its first-run checks, log in and talk to its model;
+// telemetry, error-reporting and updater hosts are left out (both agents
+// work without them, and a denied attempt shows in `moat network
+// denials` for a user who wants to allow it). Where telemetry goes to a
+// host the agent needs, Block refuses it by method and path.
 var presets = map[string]*Preset{
 	"claude": {
 		Name:    "claude",
 		Summary: "Claude Code, permission prompts off",
 		Command: []string{"claude", "--dangerously-skip-permissions"},
-		Hosts:   []string{"api.anthropic.com", "console.anthropic.com", "claude.ai"},
+		// platform.claude.com: the interactive first run's connectivity
+		// check (GET /v1/oauth/hello, beside api.anthropic.com's
+		// /api/hello) and OAuth; without it Claude Code says "Unable to
+		// connect to Anthropic services" and exits. console.anthropic.com
+		// is its name before 2.x.
+		Hosts: []string{"api.anthropic.com", "platform.claude.com", "console.anthropic.com", "claude.ai"},
+		// Event logs, metrics and feature-flag evaluation: posted to the
+		// API host, so an allow of the host alone would let them out with
+		// the real key swapped in.
+		Block: []string{
+			"POST api.anthropic.com/api/event_logging/*",
+			"POST api.anthropic.com/api/claude_code/metrics",
+			"POST api.anthropic.com/api/eval/*",
+		},
 		Secrets: []Secret{
 			{Env: "ANTHROPIC_API_KEY", Hosts: []string{"api.anthropic.com"}},
 			{Env: "CLAUDE_CODE_OAUTH_TOKEN", Hosts: []string{"api.anthropic.com"}},
@@ -63,8 +97,16 @@ var presets = map[string]*Preset{
 		// refuses. IS_SANDBOX tells it that it runs in one, which it asks
 		// of a root user before it accepts skipping permissions (the agent
 		// is root in a workspace root owns).
-		Env:     map[string]string{"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "IS_SANDBOX": "1"},
+		Env: map[string]string{
+			"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+			"DISABLE_TELEMETRY":                        "1",
+			"DISABLE_ERROR_REPORTING":                  "1",
+			"DISABLE_AUTOUPDATER":                      "1",
+			"IS_SANDBOX":                               "1",
+		},
 		Install: "npm install -g @anthropic-ai/claude-code",
+		Package: "@anthropic-ai/claude-code",
+		Checked: "2.1.197",
 	},
 	"codex": {
 		Name:    "codex",
@@ -73,8 +115,17 @@ var presets = map[string]*Preset{
 		Hosts:   []string{"api.openai.com", "auth.openai.com", "chatgpt.com"},
 		Secrets: []Secret{
 			{Env: "OPENAI_API_KEY", Hosts: []string{"api.openai.com"}},
+			{Env: "CODEX_API_KEY", Hosts: []string{"api.openai.com"}},
 		},
+		// Codex (0.171) reads CODEX_API_KEY, not OPENAI_API_KEY, which is
+		// what users export: the guest gets OPENAI_API_KEY's placeholder
+		// under both names, and the gate swaps it either way.
+		Aliases: map[string]string{"CODEX_API_KEY": "OPENAI_API_KEY"},
+		// Codex's analytics and update check are turned off in its
+		// config.toml (seed.go): it has no variables for them.
 		Install: "npm install -g @openai/codex",
+		Package: "@openai/codex",
+		Checked: "0.171.0",
 	},
 	"shell": {
 		Name:    "shell",

@@ -70,3 +70,35 @@ func TestPresetsAreValid(t *testing.T) {
 		}
 	}
 }
+
+// Blocks are valid entries on hosts the preset allows (a block elsewhere
+// would say nothing the default deny does not), and every alias carries a
+// secret the preset has.
+func TestBlocksAndAliases(t *testing.T) {
+	for _, name := range Names() {
+		p, _ := Lookup(name)
+		for _, b := range p.Block {
+			r, err := policy.ParseEntry(b)
+			if err != nil {
+				t.Errorf("%s: block %q: %v", name, b, err)
+				continue
+			}
+			host := strings.Fields(b)[len(strings.Fields(b))-1]
+			host, _, _ = strings.Cut(host, "/")
+			if !slices.Contains(p.Hosts, host) {
+				t.Errorf("%s: block %q is on %q, which the preset does not allow", name, b, host)
+			}
+			if len(r.Methods) == 0 {
+				t.Errorf("%s: block %q names no method: it would take the whole host away", name, b)
+			}
+		}
+		for alias, from := range p.Aliases {
+			if !slices.ContainsFunc(p.Secrets, func(s Secret) bool { return s.Env == from }) {
+				t.Errorf("%s: alias %s carries %s, which is not one of its secrets", name, alias, from)
+			}
+		}
+		if len(p.Command) > 0 && (p.Package == "" || p.Checked == "") {
+			t.Errorf("%s: no package or checked version", name)
+		}
+	}
+}
