@@ -212,7 +212,9 @@ func (d *daemon) run() error {
 		return stopShim(err)
 	}
 	done()
-	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx})
+	lim := d.gateLimits()
+	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx,
+		WindowBudget: lim.windowBytes, DNSQueries: lim.dns})
 	if err != nil {
 		d.kill()
 		d.setStopped(state.StopError, err)

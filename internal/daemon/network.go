@@ -284,7 +284,8 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		return nil, err
 	}
 	n.res = gate.NewResolver(gate.ResolverOptions{Servers: servers})
-	n.holds = gate.NewHolds(gate.HoldsOptions{Timeout: holdTimeout()})
+	lim := d.gateLimits()
+	n.holds = gate.NewHolds(gate.HoldsOptions{Timeout: holdTimeout(), Max: lim.holds})
 	al.Tap(n.tap)
 	n.gate = gate.New(gate.Options{
 		Holds:         n.holds,
@@ -301,6 +302,9 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		Ledger:        n.ledger,
 		Log:           d.log.With("component", "gate"),
 		Settling:      n.settling,
+
+		// What the gate holds for the sandbox at once (gatelimits.go).
+		MaxConnections: lim.conns,
 	})
 	if o.DiscoverHost {
 		// The host's tools are asked off the start path, at the lowest
