@@ -14,10 +14,11 @@
 //     the first denial of each distinct destination, the counts of
 //     denials beyond the destinations tracked, and notices of what was
 //     dropped.
-//   - audit-noise.jsonl, the noise series: repeated denials of a
-//     destination already recorded, as aggregates (one record per
-//     destination per interval, with count), and the first denial of
-//     destinations beyond the tracked set.
+//   - audit-noise.jsonl, the noise series: repeated identical denials
+//     (same destination, request and reason) of an interval of 10 s: the
+//     first 10 one by one, so that a few retries show at once, and the
+//     rest as one aggregate with count at the interval's end; the same
+//     for destinations beyond the tracked set.
 //
 // Each series is rotated on its own: when the next lines would take the
 // file past a quarter of the series' budget it is renamed to .1, .1 to .2
@@ -29,7 +30,13 @@
 // retention is deleted. When the kept series is full of records younger
 // than the retention, the log reports failing (the gate then lets nothing
 // through, as on a full disk) and the records that still come (ends of
-// connections, denials) go to the noise series. Whatever rotation or
+// connections, denials) go to the noise series. The distinct denied
+// destinations whose first denial is kept are at most 4096 within the
+// retention (fewer under a small bound: their records take at most a
+// quarter of the kept series); beyond them a destination's denials go to
+// the noise series like repeats, and denials of more destinations than
+// an interval has aggregates for (as many as are tracked) are one record
+// with count in the kept series. Whatever rotation or
 // retention deletes is itself recorded in the kept series: a "dropped"
 // record with the count by kind (dropped_kinds).
 //
@@ -91,9 +98,11 @@
 //	                     carry tokens), at most 512 bytes; omitted with method
 //	status       int     the HTTP status the guest was answered with, in "http"
 //	                     records (omitted when no answer was sent)
-//	count        int     in an aggregate: how many denials of this destination (same
-//	                     proto, and name or address and port) the record stands for,
-//	                     from time to last; omitted in a record that stands for one
+//	count        int     in an aggregate: how many identical denials (same proto, name
+//	                     or address and port, method, path and reason) the record
+//	                     stands for, from time to last, besides the first one, which
+//	                     has a record of its own; omitted in a record that stands
+//	                     for one
 //	last         string  in an aggregate: when the last denial it counts was made
 //	                     (RFC 3339, UTC); omitted otherwise
 //	phase        string  for a TCP connection the gate carried: "start" when it was

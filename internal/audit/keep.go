@@ -20,7 +20,8 @@ const (
 // within the retention, and the aggregates of one interval. A guest that
 // makes up destinations (random addresses, ports, names) would otherwise
 // make the kept series, or the memory behind it, grow with each one. 4096:
-// more than a person reads through, and some 100 bytes each. Beyond it a
+// more than a person reads through, and some 100 bytes each. A small
+// size bound tracks fewer (see newLog). Beyond it a
 // new destination's first denial goes to the noise series, and denials
 // beyond the interval's aggregates are one count in the kept series.
 const maxTracked = 4096
@@ -51,10 +52,17 @@ type sorter struct {
 }
 
 type aggregate struct {
-	rec   Record // the first of the interval, as a template
-	count int64
-	last  time.Time
+	written int    // denials of this interval written one by one
+	rec     Record // the first one counted, as a template
+	count   int64
+	last    time.Time
 }
+
+// burst is how many denials of one destination in an interval, after its
+// first, are written one by one before the rest are counted: an agent
+// retrying a refused host a few times shows each attempt at once (`moat
+// network audit -f`); a flood shows as at most this many and a count.
+const burst = 10
 
 func newSorter(retention, interval time.Duration, max int) *sorter {
 	return &sorter{retention: retention, interval: interval, max: max,
@@ -67,17 +75,21 @@ func denial(r Record) bool {
 	return r.Verdict == Deny && len(r.Transforms) == 0 && r.Phase == "" && r.Count == 0
 }
 
-// destKey is what makes two denials "the same destination": the ledger's
-// destination (name:port, or ip:port) under the protocol.
+// destKey is what makes two denials identical: the same destination (the
+// ledger's name:port or ip:port, under the protocol), request (method
+// and path, for a request the gate read) and reason. The reason is part
+// of it so that a refusal never stands for another one's why; the
+// tracked set's bound keeps varied reasons from flooding the kept series.
 func destKey(r Record) string {
 	dest, _ := ledgerDest(r)
-	return r.Proto + " " + dest
+	return r.Proto + " " + dest + " " + r.Method + " " + r.Path + " " + r.Reason
 }
 
 // route files r. Everything but a denial is kept. A destination's first
-// denial within the retention is kept; its repeats are counted into this
-// interval's aggregate. Past the tracked set, a destination's first denial
-// of an interval goes to the noise series and its repeats are counted.
+// denial within the retention is kept (while the tracked set has room).
+// Its next denials in an interval, burst of them, go to the noise series
+// one by one, so that a person sees each of a few refusals as it happens;
+// the rest are counted into the interval's aggregate.
 func (s *sorter) route(r Record) route {
 	if !denial(r) {
 		return toKept
@@ -86,52 +98,38 @@ func (s *sorter) route(r Record) route {
 		s.start = r.Time
 	}
 	key := destKey(r)
-	if t, ok := s.seen[key]; ok && r.Time.Sub(t) < s.retention {
-		s.count(key, r)
-		return toNone
+	if t, ok := s.seen[key]; !ok || r.Time.Sub(t) >= s.retention {
+		if len(s.seen) >= s.max {
+			s.sweep(r.Time)
+		}
+		if _, ok := s.seen[key]; ok || len(s.seen) < s.max {
+			s.seen[key] = r.Time
+			return toKept
+		}
 	}
-	if len(s.seen) >= s.max {
-		s.sweep(r.Time)
-	}
-	if _, ok := s.seen[key]; ok || len(s.seen) < s.max {
-		s.seen[key] = r.Time
-		return toKept
-	}
-	if _, ok := s.agg[key]; ok {
-		s.count(key, r)
-		return toNone
-	}
-	if len(s.agg) >= s.max {
-		s.countBeyond(r)
-		return toNone
-	}
-	// Untracked: this interval's first denial of it is written whole, in
-	// the noise series; an empty aggregate makes its repeats counts.
-	s.agg[key] = &aggregate{rec: r, last: r.Time}
-	s.aggOrder = append(s.aggOrder, key)
-	return toNoise
-}
-
-func (s *sorter) count(key string, r Record) {
 	a, ok := s.agg[key]
 	if !ok {
 		if len(s.agg) >= s.max {
-			s.countBeyond(r)
-			return
+			s.beyond++
+			s.beyondSB = r.Sandbox
+			return toNone
 		}
-		a = &aggregate{rec: r}
+		a = &aggregate{}
 		s.agg[key] = a
 		s.aggOrder = append(s.aggOrder, key)
+	}
+	if a.written < burst {
+		a.written++
+		return toNoise
+	}
+	if a.count == 0 {
+		a.rec = r
 	}
 	a.count++
 	if r.Time.After(a.last) {
 		a.last = r.Time
 	}
-}
-
-func (s *sorter) countBeyond(r Record) {
-	s.beyond++
-	s.beyondSB = r.Sandbox
+	return toNone
 }
 
 // sweep forgets destinations whose first denial is older than the

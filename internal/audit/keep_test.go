@@ -15,26 +15,31 @@ func TestSorterRoutes(t *testing.T) {
 		return Record{Time: at(s), Proto: "udp", Dst: dst, Verdict: Deny, Reason: "UDP other than DNS"}
 	}
 	s := newSorter(time.Hour, 10*time.Second, 2)
-	for _, tt := range []struct {
+	type step struct {
 		name string
 		r    Record
 		want route
-	}{
+	}
+	steps := []step{
 		{"allow", Record{Time: at(0), Proto: "tcp", Dst: "192.0.2.1:443", Verdict: Allow}, toKept},
 		{"would_deny", Record{Time: at(0), Proto: "tcp", Dst: "192.0.2.1:443", Verdict: WouldDeny}, toKept},
 		{"secret use refused", Record{Time: at(0), Proto: "http", Dst: "192.0.2.1:443", Verdict: Deny, Transforms: []string{"K"}}, toKept},
 		{"dropped", Record{Time: at(0), Verdict: Dropped, Dropped: 3}, toKept},
 		{"first denial", deny(1, "192.0.2.1:443"), toKept},
-		{"repeat", deny(2, "192.0.2.1:443"), toNone},
-		{"same address, tcp", Record{Time: at(2), Proto: "tcp", Dst: "192.0.2.1:443", Verdict: Deny}, toKept},
-		{"set full: untracked first", deny(3, "192.0.2.2:443"), toNoise},
-		{"untracked repeat", deny(4, "192.0.2.2:443"), toNone},
-		{"tracked repeat", deny(5, "192.0.2.1:443"), toNone},
-		{"aggregates full: counted beyond", deny(6, "192.0.2.3:443"), toNone},
-		{"past the retention, tracked afresh", deny(3601, "192.0.2.1:443"), toKept},
-	} {
-		if got := s.route(tt.r); got != tt.want {
-			t.Errorf("%s: route %d, want %d", tt.name, got, tt.want)
+	}
+	for range burst {
+		steps = append(steps, step{"a repeat within the burst", deny(2, "192.0.2.1:443"), toNoise})
+	}
+	steps = append(steps,
+		step{"a repeat past the burst", deny(2, "192.0.2.1:443"), toNone},
+		step{"another reason is another refusal", Record{Time: at(2), Proto: "udp", Dst: "192.0.2.1:443", Verdict: Deny, Reason: "x"}, toKept},
+		step{"set full: untracked", deny(3, "192.0.2.2:443"), toNoise},
+		step{"aggregates full: counted beyond", deny(6, "192.0.2.3:443"), toNone},
+		step{"past the retention, tracked afresh", deny(3601, "192.0.2.1:443"), toKept},
+	)
+	for _, st := range steps {
+		if got := s.route(st.r); got != st.want {
+			t.Errorf("%s: route %d, want %d", st.name, got, st.want)
 		}
 	}
 }
@@ -42,16 +47,14 @@ func TestSorterRoutes(t *testing.T) {
 func TestSorterAggregates(t *testing.T) {
 	t0 := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	s := newSorter(time.Hour, 10*time.Second, 100)
-	kept := 0
+	got := map[route]int{}
 	for i := range 1000 {
 		r := Record{Time: t0.Add(time.Duration(i) * 10 * time.Millisecond), Sandbox: "sb", Proto: "tcp",
 			Dst: fmt.Sprintf("192.0.2.%d:22", i%3), Verdict: Deny, Reason: "no rule"}
-		if s.route(r) == toKept {
-			kept++
-		}
+		got[s.route(r)]++
 	}
-	if kept != 3 {
-		t.Fatalf("%d denials kept, want 3 (one per destination)", kept)
+	if got[toKept] != 3 || got[toNoise] != 3*burst {
+		t.Fatalf("routes %v; want 3 kept (one per destination) and %d one by one", got, 3*burst)
 	}
 	if !s.due(t0.Add(10 * time.Second)) {
 		t.Fatal("the interval is not due after 10 s")
@@ -67,11 +70,15 @@ func TestSorterAggregates(t *testing.T) {
 			t.Errorf("aggregate %+v", r)
 		}
 	}
-	if total != 997 {
-		t.Fatalf("aggregates count %d, want 997 (every denial but the three kept)", total)
+	if want := int64(1000 - 3 - 3*burst); total != want {
+		t.Fatalf("aggregates count %d, want %d (every denial not written one by one)", total, want)
 	}
 	if s.due(t0.Add(time.Hour)) {
 		t.Fatal("an interval is due with nothing counted")
+	}
+	// The next interval writes a few one by one again.
+	if r := s.route(Record{Time: t0.Add(11 * time.Second), Proto: "tcp", Dst: "192.0.2.0:22", Verdict: Deny, Reason: "no rule"}); r != toNoise {
+		t.Fatalf("the first repeat of a new interval: route %d, want noise", r)
 	}
 }
 
@@ -114,7 +121,7 @@ func TestLogAggregatesFlood(t *testing.T) {
 	if err := l.Close(); err != nil {
 		t.Fatal(err)
 	}
-	var first, aggregates, secret int
+	var single, aggregates, secret int
 	var counted int64
 	for _, r := range readAll(t, path) {
 		switch {
@@ -126,15 +133,15 @@ func TestLogAggregatesFlood(t *testing.T) {
 			aggregates++
 			counted += r.Count
 		case r.Verdict == Deny:
-			first++
+			single++
 			counted++
 		}
 	}
-	if secret != 1 || first != 1 || aggregates < 2 || counted != n {
-		t.Fatalf("secret %d, first denials %d, aggregates %d counting %d; want 1, 1, several, %d", secret, first, aggregates, counted, n)
+	if secret != 1 || aggregates < 2 || counted != n {
+		t.Fatalf("secret %d, aggregates %d; %d denials accounted for; want 1, several, %d", secret, aggregates, counted, n)
 	}
-	if aggregates > n/100 {
-		t.Fatalf("%d aggregates for %d denials: not aggregated", aggregates, n)
+	if single+aggregates > n/100 {
+		t.Fatalf("%d records one by one and %d aggregates for %d denials: not aggregated", single, aggregates, n)
 	}
 }
 

@@ -160,9 +160,6 @@ func newLog(path string, o Options) (*Log, error) {
 	if o.queued <= 0 {
 		o.queued = queueLen
 	}
-	if o.maxTracked <= 0 {
-		o.maxTracked = maxTracked
-	}
 	keptFile, noiseFile, keep := o.fileBytes, o.fileBytes, o.keep
 	if o.fileBytes > 0 {
 		o.MaxBytes = 2 * o.fileBytes * int64(keep+1)
@@ -171,6 +168,12 @@ func newLog(path string, o Options) (*Log, error) {
 		// is its current file and rotatedKeep rotated ones.
 		noise := o.MaxBytes / 4
 		keptFile, noiseFile, keep = (o.MaxBytes-noise)/(rotatedKeep+1), noise/(rotatedKeep+1), rotatedKeep
+	}
+	if o.maxTracked <= 0 {
+		// First denials may take a quarter of the kept series at most
+		// (a record is some 250 bytes), so that made-up destinations
+		// cannot fill it under a small bound either.
+		o.maxTracked = int(min(maxTracked, max(64, keptFile*int64(keep+1)/(4*256))))
 	}
 	kept, err := openSeries(path, keptFile, keep)
 	if err != nil {

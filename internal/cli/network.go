@@ -248,8 +248,8 @@ func newAuditCmd() *cobra.Command {
 		Long: `Print the gate's audit log: one line per decision, oldest first, across
 its rotated files. A connection the gate carried has two lines: its
 decision when it was made, and "end" with its bytes and duration. A
-destination refused again and again has its first refusal, then one line
-per 10 s saying how many more there were. "dropped" lines say what was
+destination refused again and again has its first refusals one by one,
+then one line per 10 s saying how many more there were. "dropped" lines say what was
 lost (a full disk) or deleted (the [audit] size bound and retention).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {

@@ -8,7 +8,6 @@ package e2e
 
 import (
 	"bufio"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -309,18 +308,7 @@ for p in sys.argv[1:]:
 
 func readAudit(t *testing.T, stateDir string) []auditRec {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(stateDir, "audit.jsonl"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatal(err)
-	}
-	var out []auditRec
-	for _, l := range strings.Split(string(b), "\n") {
-		var r auditRec
-		if json.Unmarshal([]byte(l), &r) == nil {
-			out = append(out, r)
-		}
-	}
-	return out
+	return readAuditDir(t, stateDir)
 }
 
 // waitAudit returns the records after mark that ok selects, once there are some (a record

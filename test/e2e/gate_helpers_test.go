@@ -8,7 +8,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -23,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/test/inet"
 )
 
@@ -408,23 +411,28 @@ func (r auditRec) String() string {
 	return string(b)
 }
 
-// audit reads the sandbox's audit log.
+// audit reads the sandbox's audit log, both series as moat network audit does, but for the
+// start records of carried connections: each connection's end record says all they do, and
+// its bytes.
 func (g *gateEnv) audit(t *testing.T) []auditRec {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join(g.state, "audit.jsonl"))
-	if err != nil && !os.IsNotExist(err) {
-		t.Fatalf("reading the audit log: %v", err)
-	}
+	return readAuditDir(t, g.state)
+}
+
+// readAuditDir is gateEnv.audit for the sandbox whose state directory is stateDir.
+func readAuditDir(t *testing.T, stateDir string) []auditRec {
+	t.Helper()
 	var out []auditRec
-	for _, l := range bytes.Split(b, []byte("\n")) {
-		if len(bytes.TrimSpace(l)) == 0 {
-			continue
+	err := audit.Read(filepath.Join(stateDir, "audit.jsonl"), func(r audit.Record) bool {
+		if r.Phase != audit.PhaseStart {
+			out = append(out, auditRec{Schema: r.Schema, Time: r.Time, Sandbox: r.Sandbox, Proto: r.Proto, Dst: r.Dst,
+				Name: r.Name, NameFrom: r.NameFrom, Verdict: r.Verdict, Rule: r.Rule, Layer: r.Layer, Reason: r.Reason,
+				Upstream: r.Upstream, BytesUp: r.BytesUp, BytesDown: r.BytesDown, DurationMS: r.DurationMS})
 		}
-		var r auditRec
-		if err := json.Unmarshal(l, &r); err != nil {
-			continue // a line being written
-		}
-		out = append(out, r)
+		return true
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("reading the audit log: %v", err)
 	}
 	return out
 }
