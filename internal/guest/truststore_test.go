@@ -850,3 +850,27 @@ func TestInstallTrustRootsNoBundle(t *testing.T) {
 		t.Errorf("%s does not hold the CA and the root once each", debianBundle)
 	}
 }
+
+// TestInstallTrustRootsRecordOnlyOurs: the record names a file, but init
+// removes only what is named moat-trust-… or links to such a file; a hash
+// link that a rehash in the guest has since given to another root stays.
+func TestInstallTrustRootsRecordOnlyOurs(t *testing.T) {
+	root := t.TempDir()
+	layout(t, root, map[string]string{
+		"/etc/ssl/certs/ca-certificates.crt": systemRoots(t),
+		"/etc/ssl/certs/abcd0123.0":          "-> Root_0.pem",
+		"/etc/ssl/certs/Root_0.pem":          "image's",
+		"/etc/ssl/certs/moat-trust-00.pem":   "-> /nowhere",
+	})
+	sum := strings.Repeat("ab", 32)
+	layout(t, root, map[string]string{trustRecord: sum + " file /etc/ssl/certs/abcd0123.0\n" +
+		sum + " file /etc/ssl/certs/moat-trust-00.pem\n" + sum + " file /etc/ssl/certs/Root_0.pem\n"})
+	if _, err := installCA(root, newCA(t).CertPEM()); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]bool{"/etc/ssl/certs/abcd0123.0": true, "/etc/ssl/certs/Root_0.pem": true, "/etc/ssl/certs/moat-trust-00.pem": false, trustRecord: false} {
+		if _, err := os.Lstat(filepath.Join(root, p)); (err == nil) != want {
+			t.Errorf("%s exists: %v, want %v", p, err == nil, want)
+		}
+	}
+}
