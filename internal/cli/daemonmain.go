@@ -99,6 +99,7 @@ func daemonMain(dir string) int {
 		GuestDir: filepath.Join(dir, "guest"), Hostname: rec.Name, Image: rec.Image,
 		Workspace: rec.Workspace, Debug: os.Getenv("MOAT_DEBUG_RUNSC") != "",
 		DiskLimit: cfg.Sandbox.DiskBytes, DiskUnlimited: cfg.Sandbox.DiskUnlimited, DiskFrom: cfg.Sandbox.DiskFrom,
+		DiskTemplates: filepath.Join(e.dirs.Cache, "disk"),
 	}
 	// The workspace is a share like the others, read-write.
 	ws := config.Share{Path: rec.Workspace, Source: workspaceSource}

@@ -59,11 +59,12 @@ const (
 // Default is the size of a new sandbox's image when [sandbox] disk is not
 // set: half the space free on the filesystem that holds the state
 // directory when the sandbox first starts, at most DefaultMaxBytes, in
-// whole MiB. Half, so that one runaway guest leaves the host at least half
+// whole GiB. Half, so that one runaway guest leaves the host at least half
 // of what it had; the image is sparse, so the other half is not taken
-// from anyone until the guest writes it.
+// from anyone until the guest writes it. Whole GiB, so that sandboxes
+// made on the same host share the template their image is copied from.
 func Default(freeBytes uint64) (uint64, error) {
-	n := min(freeBytes/2, DefaultMaxBytes) &^ (1<<20 - 1)
+	n := min(freeBytes/2, DefaultMaxBytes) &^ (1<<30 - 1)
 	if n < minDefaultBytes {
 		return 0, fmt.Errorf("%w: only %s free; free some space there, or set [sandbox] disk to choose a size",
 			ErrHostFull, FormatBytes(freeBytes))

@@ -53,7 +53,9 @@ func FreeBytes(dir string) (uint64, error) {
 // asks before the shim mounts it, and returns its size. It runs in the
 // daemon, before the shim, so that its errors reach the user who ran
 // `moat up`, and while nothing has the image mounted (the daemon lock).
-func Prepare(stateDir string, want uint64) (Action, uint64, error) {
+// templates is a directory of pristine images by size (see create); ""
+// makes each image with mkfs.ext4.
+func Prepare(stateDir string, want uint64, templates string) (Action, uint64, error) {
 	img, _, err := ReadImage(stateDir)
 	if err != nil {
 		return Keep, 0, err
@@ -75,7 +77,7 @@ func Prepare(stateDir string, want uint64) (Action, uint64, error) {
 	path := filepath.Join(stateDir, ImageName)
 	switch act {
 	case Create:
-		err = create(path, size)
+		err = create(path, size, templates)
 	case Grow, Shrink:
 		err = resize(path, img.SizeBytes, size)
 	}
@@ -92,19 +94,25 @@ func Prepare(stateDir string, want uint64) (Action, uint64, error) {
 // anyway.
 var mkfsArgs = []string{"-q", "-F", "-m", "0", "-L", "moat", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"}
 
-func create(path string, size uint64) error {
-	// Made under another name and renamed: a killed mkfs leaves no image
-	// that a later start would take for a filesystem.
+// create makes a new image at path. mkfs.ext4 runs once per size on a
+// host: its image is kept in templates, and each new sandbox's image is a
+// sparse copy of it (a few MiB of metadata), because starting mkfs on
+// every first start cost about 100 ms of a loaded host's cold start,
+// where the copy costs a few. Sandboxes then share their filesystem's
+// UUID, which ext4 does not mind (nothing mounts them by UUID).
+func create(path string, size uint64, templates string) error {
+	// Made under another name and renamed: a killed mkfs or copy leaves
+	// no image that a later start would take for a filesystem.
 	tmp := path + ".new"
 	os.Remove(tmp)
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating the sandbox's disk image: %w", err)
-	}
-	err = f.Truncate(int64(size))
-	f.Close()
-	if err == nil {
-		err = run("mkfs.ext4", append(mkfsArgs, tmp)...)
+	var err error
+	if templates == "" {
+		err = mkfs(tmp, size)
+	} else {
+		var tpl string
+		if tpl, err = template(templates, size); err == nil {
+			err = copySparse(tpl, tmp, size)
+		}
 	}
 	if err == nil {
 		err = os.Rename(tmp, path)
@@ -112,6 +120,99 @@ func create(path string, size uint64) error {
 	if err != nil {
 		os.Remove(tmp)
 		return fmt.Errorf("creating the sandbox's disk image: %w", err)
+	}
+	return nil
+}
+
+// mkfs makes a new image at path, which must not exist.
+func mkfs(path string, size uint64) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	err = f.Truncate(int64(size))
+	f.Close()
+	if err == nil {
+		err = run("mkfs.ext4", append(mkfsArgs, path)...)
+	}
+	if err != nil {
+		os.Remove(path)
+	}
+	return err
+}
+
+// template is the pristine image of size in dir, made if missing (under
+// a name of its own, then renamed: two daemons making it at once each
+// make a whole one). One that is not a whole, empty filesystem of that
+// size is made again.
+func template(dir string, size uint64) (string, error) {
+	path := filepath.Join(dir, "ext4-"+strconv.FormatUint(size, 10)+".img")
+	if f, err := os.Open(path); err == nil {
+		b := make([]byte, SuperblockSize)
+		_, err = f.ReadAt(b, SuperblockOffset)
+		fi, serr := f.Stat()
+		f.Close()
+		sb, perr := ParseSuperblock(b)
+		if err == nil && serr == nil && perr == nil && uint64(fi.Size()) == size &&
+			sb.Blocks*sb.BlockSize == size && sb.UsedBytes() < 1<<20 {
+			return path, nil
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	tmp := path + "." + strconv.Itoa(os.Getpid())
+	os.Remove(tmp)
+	if err := mkfs(tmp, size); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	return path, nil
+}
+
+// copySparse copies src to dst (new), size bytes, copying only src's
+// data and leaving its holes as holes: a reflink where the filesystem
+// has them, else each data extent with copy_file_range.
+func copySparse(src, dst string, size uint64) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
+		return nil
+	}
+	if err := out.Truncate(int64(size)); err != nil {
+		return err
+	}
+	rfd, wfd := int(in.Fd()), int(out.Fd())
+	for off := int64(0); off < int64(size); {
+		data, err := unix.Seek(rfd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // only a hole is left
+		}
+		if err != nil {
+			return fmt.Errorf("reading the extents of %s: %w", src, err)
+		}
+		hole, err := unix.Seek(rfd, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("reading the extents of %s: %w", src, err)
+		}
+		for r, w := data, data; r < hole; {
+			n, err := unix.CopyFileRange(rfd, &r, wfd, &w, int(hole-r), 0)
+			if err != nil || n == 0 {
+				return fmt.Errorf("copying %s: %v", src, err)
+			}
+		}
+		off = hole
 	}
 	return nil
 }

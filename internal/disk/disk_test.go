@@ -19,8 +19,9 @@ func TestDefault(t *testing.T) {
 		{free: 200 * gib, want: DefaultMaxBytes},
 		{free: 40 * gib, want: 20 * gib},
 		{free: 10 * gib, want: 5 * gib},
-		{free: 3*gib + 3, want: 1536 * mib},      // whole MiB, rounded down
-		{free: 2*gib + 2*mib - 1, want: 1 * gib}, // just fits
+		{free: 3*gib + 3, want: 1 * gib}, // whole GiB, rounded down
+		{free: 5*gib - 1, want: 2 * gib}, // whole GiB, rounded down
+		{free: 2 * gib, want: 1 * gib},   // just fits
 		{free: 2*gib - 2, err: ErrHostFull},
 		{free: 0, err: ErrHostFull},
 	}
@@ -29,8 +30,8 @@ func TestDefault(t *testing.T) {
 		if !errors.Is(err, tt.err) || got != tt.want {
 			t.Errorf("Default(%d) = %d, %v; want %d, %v", tt.free, got, err, tt.want, tt.err)
 		}
-		if err == nil && got%mib != 0 {
-			t.Errorf("Default(%d) = %d: not whole MiB", tt.free, got)
+		if err == nil && got%gib != 0 {
+			t.Errorf("Default(%d) = %d: not whole GiB", tt.free, got)
 		}
 	}
 }

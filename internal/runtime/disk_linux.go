@@ -26,7 +26,7 @@ func PrepareDisk(p *Plan, log *slog.Logger) error {
 		p.Disk = false
 		return nil
 	}
-	act, size, err := disk.Prepare(p.StateDir, p.DiskLimit)
+	act, size, err := disk.Prepare(p.StateDir, p.DiskLimit, p.DiskTemplates)
 	if err != nil {
 		if errors.Is(err, disk.ErrBelowUse) {
 			return fmt.Errorf("sandbox.disk%s: %w (to shrink it: set it back, start the sandbox, delete files in it, then lower it)", from(p), err)

@@ -74,6 +74,9 @@ type Plan struct {
 	DiskUnlimited bool   `json:"disk_unlimited,omitempty"`
 	// DiskFrom is the config file that set disk, for errors.
 	DiskFrom string `json:"disk_from,omitempty"`
+	// DiskTemplates holds the pristine images new ones are copied from
+	// (disk.Prepare); "": each is made with mkfs.ext4.
+	DiskTemplates string `json:"disk_templates,omitempty"`
 	// Disk: PrepareDisk made the image, and the shim mounts it on
 	// StateDir/disk to hold upper/, work/ and root/.
 	Disk bool `json:"disk,omitempty"`
