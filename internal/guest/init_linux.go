@@ -188,7 +188,7 @@ func trustCA(s *guestspec.Spec, log *slog.Logger) (string, trust) {
 	}
 	t, err := installCA("/", ca)
 	if err != nil {
-		log.Warn("adding the sandbox CA to the trust stores; programs using the failed ones will not verify inspected TLS connections", "err", err)
+		log.Warn("adding the sandbox CA and the [network] trust roots to the trust stores; programs using the failed ones will not verify inspected TLS connections (or, for a root, spliced ones)", "err", err)
 	}
 	if len(t.changed) > 0 {
 		log.Info("trusting the sandbox CA", "trust_roots", t.roots, "wrote", t.changed)
