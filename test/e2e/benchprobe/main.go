@@ -10,6 +10,10 @@
 //	benchprobe refused ADDR N              N sequential connects that must be refused: p50/p99 in µs
 //	benchprobe dns SERVER NAME N           N A queries of one name after a first one: p50/p99 in µs
 //	                                       (a NAME with %d asks N distinct names: every one uncached)
+//	benchprobe hold idle|get TARGET N SECS  N connections held unread for SECS seconds: "idle" opens
+//	                                       TARGET (host:port) and sends nothing, "get" sends a GET for
+//	                                       TARGET (a URL) and never reads the answer; prints one line
+//	                                       when all are open, then holds them
 //
 // The host "local" (http://local/bytes?n=N, local:0, local) stands for a
 // server this process starts on 127.0.0.1: run in the sandbox, that is the
@@ -61,6 +65,12 @@ func main() {
 		out = refused(os.Args[2], atoi(os.Args[3]))
 	case "dns":
 		out = lookup(os.Args[2], os.Args[3], atoi(os.Args[4]))
+	case "hold":
+		if len(os.Args) < 6 {
+			fail("usage: benchprobe hold idle|get TARGET N SECS")
+		}
+		hold(os.Args[2], os.Args[3], atoi(os.Args[4]), atoi(os.Args[5]))
+		return
 	default:
 		fail("unknown mode " + os.Args[1])
 	}
@@ -112,6 +122,63 @@ func get(rawURL string, kib int) map[string]float64 {
 	}
 	resp.Body.Close()
 	return map[string]float64{"bytes": float64(n), "seconds": time.Since(start).Seconds()}
+}
+
+// hold opens n connections at once and keeps them, reading nothing, for
+// secs seconds: what a guest that stops reading leaves the gate to hold.
+// It prints {"opened":N,"failed":F} when every dial has returned, so the
+// caller measures only after that, and exits when the time is up.
+func hold(kind, target string, n, secs int) {
+	addr, req := "", ""
+	switch kind {
+	case "idle":
+		addr = resolve(target)
+	case "get":
+		u, err := url.Parse(target)
+		if err != nil || u.Scheme != "http" {
+			fail("hold get wants an http:// URL, got " + target)
+		}
+		port := u.Port()
+		if port == "" {
+			port = "80"
+		}
+		addr = resolve(net.JoinHostPort(u.Hostname(), port))
+		req = "GET " + u.RequestURI() + " HTTP/1.1\r\nHost: " + u.Host + "\r\n\r\n"
+	default:
+		fail("hold: unknown kind " + kind + " (idle or get)")
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	failed := 0
+	sem := make(chan struct{}, 64) // a burst the gate's handshake queue takes
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			c, err := net.DialTimeout("tcp4", addr, 30*time.Second)
+			if err == nil && req != "" {
+				c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+				if _, err = io.WriteString(c, req); err != nil {
+					c.Close()
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed++
+				return
+			}
+			conns = append(conns, c)
+		}()
+	}
+	wg.Wait()
+	json.NewEncoder(os.Stdout).Encode(map[string]int{"opened": len(conns), "failed": failed})
+	time.Sleep(time.Duration(secs) * time.Second)
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 func pct(d []time.Duration, p float64) float64 {
