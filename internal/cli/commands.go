@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -516,22 +515,7 @@ func newLogsCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			f, err := os.Open(filepath.Join(dir, "daemon.log"))
-			if err != nil {
-				return fmt.Errorf("opening the daemon log: %w", err)
-			}
-			defer f.Close()
-			out := c.OutOrStdout()
-			for {
-				if _, err := io.Copy(out, f); err != nil {
-					return err
-				}
-				if !follow || !state.DaemonAlive(dir) {
-					io.Copy(out, f)
-					return nil
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
+			return printLog(c.OutOrStdout(), filepath.Join(dir, "daemon.log"), follow, func() bool { return state.DaemonAlive(dir) })
 		},
 	}
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the daemon exits")

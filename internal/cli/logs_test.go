@@ -1,0 +1,69 @@
+package cli
+
+import (
+	"bytes"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"moat.dev/moat/internal/logfile"
+)
+
+// syncBuf is a bytes.Buffer safe for the follower and the test at once.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestPrintLogFollowsRotation: `moat logs -f` prints every line, also
+// those written after the log rotated under it.
+func TestPrintLogFollowsRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "daemon.log")
+	w, err := logfile.Open(path, 100, logfile.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	var alive atomic.Bool
+	alive.Store(true)
+	var out syncBuf
+	done := make(chan error, 1)
+	go func() { done <- printLog(&out, path, true, alive.Load) }()
+	const lines = 12 // 30 bytes each: three rotations
+	for i := 0; i < lines; i++ {
+		fmt.Fprintf(w, "line %02d %s\n", i, strings.Repeat(".", 21))
+		// Slower than the follower's polls, so no file is rotated away
+		// twice before it looks.
+		time.Sleep(250 * time.Millisecond)
+	}
+	alive.Store(false)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("printLog did not return after the writer died")
+	}
+	for i := 0; i < lines; i++ {
+		if want := fmt.Sprintf("line %02d ", i); strings.Count(out.String(), want) != 1 {
+			t.Errorf("%q printed %d times, want once; output:\n%s", want, strings.Count(out.String(), want), out.String())
+		}
+	}
+}
