@@ -356,7 +356,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		wr.Close()
 		return nil, err
 	}
-	environ, values, err := secretEnviron(rec)
+	environ, values, err := daemonEnviron(rec)
 	if err != nil {
 		wr.Close()
 		return nil, err
@@ -416,17 +416,31 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	return nil, fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
 }
 
-// secretEnviron is the daemon's environment: this one without the
-// variables the sandbox's secrets are read from, whose values go to the
-// daemon on a pipe instead (see daemon.ReadHandover), or with `moat secrets
-// refresh` over its control socket.
-func secretEnviron(rec *state.Record) ([]string, map[string]string, error) {
+// daemonEnviron is the daemon's environment, a few variables by name
+// (daemon.Environ), and the values of the host variables the sandbox
+// reads later, which go to the daemon on a pipe instead (see
+// daemon.ReadHandover): its secrets' sources, what its [env] entries name,
+// what package-mirror discovery reads. Later values come the same way, on
+// the control socket: a preset's key with the preset, rotated secrets with
+// `moat secrets refresh`.
+func daemonEnviron(rec *state.Record) ([]string, map[string]string, error) {
 	cfg, err := snapshot(rec)
 	if err != nil {
 		return nil, nil, err
 	}
-	rest, values := daemon.SplitEnv(os.Environ(), daemon.SecretVars(cfg.Secrets, rec.Presets))
-	return rest, values, nil
+	var configVars []string
+	record := func(k string) (string, bool) {
+		configVars = append(configVars, k)
+		return os.LookupEnv(k)
+	}
+	if _, err := configEnv(cfg, record); err != nil {
+		return nil, nil, err
+	}
+	handed := daemon.HandedVars(daemon.SecretVars(cfg.Secrets, rec.Presets), configVars)
+	// A handed-over variable stays out of the environment even when its
+	// name is one Environ keeps (a secret read from a MOAT_* variable).
+	rest, values := daemon.SplitEnv(os.Environ(), handed)
+	return daemon.Environ(rest, len(cfg.SSHAgent.Keys) > 0), values, nil
 }
 
 // connectWhileBooting connects to the session proxy of a daemon that is

@@ -51,7 +51,7 @@ cannot be read, nothing changes and the error names the secret and its source.`,
 				return codef(ExitError, "sandbox %q is not running: its secrets are read when it starts (moat up %s)", rec.Name, rec.Name)
 			}
 			// The values a start would hand over.
-			_, vals, err := secretEnviron(rec)
+			_, vals, err := daemonEnviron(rec)
 			if err != nil {
 				return err
 			}

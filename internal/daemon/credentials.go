@@ -144,6 +144,19 @@ func (d *daemon) lookupEnv(extra map[string]string) func(string) (string, bool) 
 	}
 }
 
+// handedEnv reads a host variable the CLI handed over (at start, or with
+// a preset or a refresh since): the [env] entries of hooks are expanded
+// with these, the daemon's own environment having none of the user's.
+func (d *daemon) handedEnv(k string) (string, bool) {
+	if d.creds != nil {
+		// keepSecretEnv writes the map under this lock.
+		d.creds.mu.Lock()
+		defer d.creds.mu.Unlock()
+	}
+	v, ok := d.o.SecretEnv[k]
+	return v, ok
+}
+
 // keepPlaceholders stores the placeholders in the record, so the next
 // start hands out the same ones and the CLI can put them in sessions. The
 // record is written only when they differ from old, what it holds: on an

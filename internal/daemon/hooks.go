@@ -132,8 +132,9 @@ func (d *daemon) runHooks(ctx context.Context) error {
 }
 
 // hookEnv is a hook's environment: what a session gets, the secrets'
-// placeholders and the [env] entries expanded with the environment the
-// daemon was started from (the CLI's, without the secrets' variables).
+// placeholders and the [env] entries expanded with the host variables the
+// starting CLI handed over (the daemon's own environment has none of the
+// user's).
 func (d *daemon) hookEnv(rec *state.Record) (map[string]string, error) {
 	env := map[string]string{}
 	for k, v := range rec.Placeholders {
@@ -141,12 +142,12 @@ func (d *daemon) hookEnv(rec *state.Record) (map[string]string, error) {
 	}
 	for _, e := range d.o.Env {
 		if e.Pass {
-			if v, ok := os.LookupEnv(e.Name); ok {
+			if v, ok := d.handedEnv(e.Name); ok {
 				env[e.Name] = v
 			}
 			continue
 		}
-		v, err := config.ExpandEnv(e.Value, os.LookupEnv)
+		v, err := config.ExpandEnv(e.Value, d.handedEnv)
 		if err != nil {
 			return nil, fmt.Errorf("[env] %s: %v", e.Name, err)
 		}
