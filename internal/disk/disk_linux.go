@@ -393,9 +393,14 @@ func Stat(stateDir string, shimPID int) (*Usage, error) {
 	}
 	u := &Usage{LimitBytes: uint64(st.Size), HostBytes: uint64(st.Blocks) * 512}
 	if shimPID > 0 {
+		// Only while the image is mounted there: before, or once the shim
+		// is gone, the same path is a plain directory on the host's own
+		// filesystem, whose use is not the sandbox's.
 		var fs unix.Statfs_t
+		var dir, parent unix.Stat_t
 		mnt := filepath.Join("/proc", strconv.Itoa(shimPID), "root", stateDir, MountName)
-		if err := unix.Statfs(mnt, &fs); err == nil && fs.Type == unix.EXT4_SUPER_MAGIC {
+		if unix.Stat(mnt, &dir) == nil && unix.Stat(filepath.Dir(mnt), &parent) == nil && dir.Dev != parent.Dev &&
+			unix.Statfs(mnt, &fs) == nil && fs.Type == unix.EXT4_SUPER_MAGIC {
 			u.UsedBytes = (fs.Blocks - fs.Bfree) * uint64(fs.Bsize)
 			return u, nil
 		}
