@@ -203,10 +203,7 @@ func newDenialsCmd() *cobra.Command {
 			fmt.Fprintln(tw, "SANDBOX\tDESTINATION\tCOUNT\tLAST\tWHY")
 			for _, s := range all {
 				for _, en := range s.Entries {
-					why := en.Reason
-					if en.Rule != "" {
-						why = "rule " + en.Rule
-					}
+					why := audit.Why(en.Layer, en.Rule, en.Reason)
 					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Sandbox, en.Dest, en.Count, en.Last.Local().Format("15:04:05"), why)
 				}
 			}
@@ -249,8 +246,9 @@ func newAuditCmd() *cobra.Command {
 its rotated files. A connection the gate carried has two lines: its
 decision when it was made, and "end" with its bytes and duration. A
 destination refused again and again has its first refusals one by one,
-then one line per 10 s saying how many more there were. "dropped" lines say what was
-lost (a full disk) or deleted (the [audit] size bound and retention).`,
+then one line per 10 s saying how many more there were. "dropped" lines
+say what was lost (a full disk) or deleted (the [audit] size bound and
+retention).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, _, err := sandboxNamed(args[0])
@@ -268,10 +266,7 @@ lost (a full disk) or deleted (the [audit] size bound and retention).`,
 				if name == "" {
 					name = "-"
 				}
-				why := r.Reason
-				if r.Rule != "" {
-					why = strings.TrimSpace(r.Layer + " " + r.Rule + " " + why)
-				}
+				why := audit.Why(r.Layer, r.Rule, r.Reason)
 				verdict := r.Verdict
 				switch {
 				case r.Count > 0:
