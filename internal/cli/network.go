@@ -203,7 +203,10 @@ func newDenialsCmd() *cobra.Command {
 			fmt.Fprintln(tw, "SANDBOX\tDESTINATION\tCOUNT\tLAST\tWHY")
 			for _, s := range all {
 				for _, en := range s.Entries {
-					why := audit.Why(en.Layer, en.Rule, en.Reason)
+					why := en.Reason
+					if en.Rule != "" {
+						why = "rule " + en.Rule
+					}
 					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Sandbox, en.Dest, en.Count, en.Last.Local().Format("15:04:05"), why)
 				}
 			}
@@ -266,7 +269,10 @@ retention).`,
 				if name == "" {
 					name = "-"
 				}
-				why := audit.Why(r.Layer, r.Rule, r.Reason)
+				why := r.Reason
+				if r.Rule != "" {
+					why = strings.TrimSpace(r.Layer + " " + r.Rule + " " + why)
+				}
 				verdict := r.Verdict
 				switch {
 				case r.Count > 0:
