@@ -392,6 +392,8 @@ c UP_OWN -H "Authorization: Bearer $MOAT_UPKEY" https://up.test/echo
 c PLAIN -H "Authorization: Bearer $MOAT_CANARY" "http://bound.test/echo?key=$MOAT_CANARY"
 c FOREIGN -H "Authorization: Bearer sk-foreign-token-0000" https://bound.test/echo
 c NONE https://bound.test/echo
+c ELSEWHERE1 --http1.1 -H "Authorization: Bearer $MOAT_CANARY" https://bound.test/echo-elsewhere
+c ELSEWHERE2 --http2 -H "Authorization: Bearer $MOAT_CANARY" https://bound.test/echo-elsewhere
 `, shQuote(o)))
 	f := fields(out)
 	t.Logf("guest:\n%s", out)
@@ -433,6 +435,31 @@ c NONE https://bound.test/echo
 	}
 	if h := read("BOUND", "head"); !strings.Contains(h, "Bearer "+ph) {
 		t.Errorf("X-Echo-Authorization back in the guest: want Bearer <placeholder>; head: %q", gateClip(redact(h, e.canary), 600))
+	}
+
+	// What the bound host echoes in a 103 response and in a trailer, over HTTP/1.1 and HTTP/2,
+	// reaches the guest scrubbed too (curl's -D has the 103 block and the trailers).
+	for _, key := range []string{"ELSEWHERE1", "ELSEWHERE2"} {
+		h := read(key, "head")
+		if strings.Contains(h, e.canary) {
+			t.Errorf("LEAK: %s: the bound host's 103 or trailer reached the guest with the real value", key)
+		}
+		lower := strings.ToLower(h)
+		if !strings.HasPrefix(f[key], "200") || !strings.Contains(lower, " 103") ||
+			!strings.Contains(lower, "x-echo-hint: bearer "+ph) || !strings.Contains(lower, "x-echo-trailer: bearer "+ph) {
+			t.Errorf("%s: %q; want 200 with a 103 and a trailer carrying the placeholder; head: %q", key, f[key], gateClip(redact(h, e.canary), 800))
+		}
+	}
+	// moat network denials gives the audit's reason for the plain-HTTP refusal, not the
+	// rule that allowed the name.
+	den := mustMoat(t, e.dir, "network", "denials", e.name)
+	for _, l := range strings.Split(den, "\n") {
+		if strings.Contains(l, "bound.test:80") && !strings.Contains(l, "only sent over TLS") {
+			t.Errorf("moat network denials shows %q for bound.test:80, want the audit's reason (secrets are only sent over TLS)", l)
+		}
+	}
+	if !strings.Contains(den, "bound.test:80") {
+		t.Errorf("moat network denials does not list bound.test:80:\n%s", den)
 	}
 
 	// Unbound hosts, intercepted as they are, got the placeholder untouched.
@@ -658,8 +685,19 @@ func (e *tlsEnv) testNowhere(t *testing.T) {
 	for i, v := range e.fileKeys {
 		values[fmt.Sprintf("MOAT_FILEKEY (value %d)", i+1)] = v
 	}
-	// On the host: every file under MOAT_HOME and the workspace.
-	for _, root := range []string{moatHome, e.dir} {
+	// On the host: every file under MOAT_HOME and the workspace, and the
+	// guest's writable layer through its disk image's mount, which is in
+	// the shim's mount namespace only (scanTree skips the image itself).
+	roots := []string{moatHome, e.dir}
+	for _, pid := range processTree(e.daemonPID(t)) {
+		if cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); bytes.Contains(cmd, []byte("__shim\x00")) {
+			roots = append(roots, fmt.Sprintf("/proc/%d/root%s/disk", pid, e.state))
+		}
+	}
+	if len(roots) != 3 {
+		t.Errorf("found no shim to search the guest's writable layer through: %v", roots)
+	}
+	for _, root := range roots {
 		files, scanned, hits := scanTree(t, root, values)
 		t.Logf("searched %d files, %d KiB, under %s", files, scanned>>10, root)
 		if files == 0 {
@@ -755,7 +793,12 @@ func scanTree(t *testing.T, root string, values map[string]string) (files int, t
 	}
 	buf := make([]byte, 1<<20+keep)
 	filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || !d.Type().IsRegular() {
+		// disk.img: sparse, as large as the sandbox's disk limit, and
+		// behind the page cache of its mount, which is searched instead;
+		// cache/disk/ext4-SIZE.img: the pristine templates disk.img is
+		// copied from, which no guest writes.
+		tpl, _ := filepath.Match("ext4-*.img", d.Name())
+		if err != nil || !d.Type().IsRegular() || d.Name() == "disk.img" || tpl {
 			return nil
 		}
 		f, err := os.Open(p)
