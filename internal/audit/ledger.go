@@ -5,6 +5,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -43,6 +44,19 @@ type Entry struct {
 	Rule   string    `json:"rule,omitempty"`   // of the latest denial
 	Reason string    `json:"reason,omitempty"` // of the latest denial
 	Proto  string    `json:"proto"`
+	Layer  string    `json:"layer,omitempty"` // of Rule
+}
+
+// Why is what people are shown as the reason of a decision, the same in
+// `moat network audit` and `moat network denials`: the rule that matched,
+// with its layer, and the reason. A rule alone would mislead where
+// something else refused what the rule allowed (plain HTTP to a host a
+// secret is bound to, an address class, a missing CA).
+func Why(layer, rule, reason string) string {
+	if rule == "" {
+		return reason
+	}
+	return strings.TrimSpace(layer + " " + rule + " " + reason)
 }
 
 // NewLedger returns an empty ledger that holds at most max destinations.
@@ -99,7 +113,7 @@ func (l *Ledger) Add(r Record) {
 	if last.After(e.Last) {
 		e.Last = last
 	}
-	e.Rule, e.Reason = r.Rule, r.Reason
+	e.Rule, e.Reason, e.Layer = r.Rule, r.Reason, r.Layer
 	if port != 0 {
 		if i, found := slices.BinarySearch(e.Ports, port); !found {
 			e.Ports = slices.Insert(e.Ports, i, port)

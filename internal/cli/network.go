@@ -203,10 +203,7 @@ func newDenialsCmd() *cobra.Command {
 			fmt.Fprintln(tw, "SANDBOX\tDESTINATION\tCOUNT\tLAST\tWHY")
 			for _, s := range all {
 				for _, en := range s.Entries {
-					why := en.Reason
-					if en.Rule != "" {
-						why = "rule " + en.Rule
-					}
+					why := audit.Why(en.Layer, en.Rule, en.Reason)
 					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", s.Sandbox, en.Dest, en.Count, en.Last.Local().Format("15:04:05"), why)
 				}
 			}
@@ -269,10 +266,7 @@ retention).`,
 				if name == "" {
 					name = "-"
 				}
-				why := r.Reason
-				if r.Rule != "" {
-					why = strings.TrimSpace(r.Layer + " " + r.Rule + " " + why)
-				}
+				why := audit.Why(r.Layer, r.Rule, r.Reason)
 				verdict := r.Verdict
 				switch {
 				case r.Count > 0:

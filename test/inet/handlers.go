@@ -19,6 +19,7 @@ import (
 	"hash"
 	"io"
 	"net/http"
+	"net/url"
 	"net/http/cgi"
 	"os"
 	"os/exec"
@@ -67,6 +68,27 @@ func Echo() http.Handler {
 		}
 		w.Header().Set("Content-Type", "application/json")
 		json.NewEncoder(w).Encode(rep)
+	})
+}
+
+// EchoElsewhere echoes the request's Authorization where the usual header and body path of a
+// proxy does not see it: in a 103 Early Hints response (X-Echo-Hint, and in a Link) before the
+// answer, and in a trailer (X-Echo-Trailer), declared, after a short body. Over HTTP/1.1 the body
+// is chunked, which trailers need; over HTTP/2 they are a trailing HEADERS frame.
+func EchoElsewhere() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, io.LimitReader(r.Body, maxEchoBody))
+		auth := r.Header.Get("Authorization")
+		h := w.Header()
+		h.Set("X-Echo-Hint", auth)
+		h.Set("Link", "</hint?auth="+url.QueryEscape(auth)+">; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		h.Del("X-Echo-Hint")
+		h.Del("Link")
+		h.Set("Trailer", "X-Echo-Trailer")
+		h.Set("Content-Type", "text/plain")
+		io.WriteString(w, "trailers follow\n")
+		h.Set("X-Echo-Trailer", auth)
 	})
 }
 
@@ -403,6 +425,7 @@ func Git(root string) http.Handler {
 // name, one certificate) carries every kind of traffic.
 //
 //	/echo     Echo
+//	/echo-elsewhere EchoElsewhere
 //	/upload   Upload
 //	/count    Counting (?n=)
 //	/bytes    Bytes (?n=, zeros)
@@ -414,6 +437,7 @@ func Site(gitRoot string) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/echo", Echo())
 	mux.Handle("/echo/", Echo())
+	mux.Handle("/echo-elsewhere", EchoElsewhere())
 	mux.Handle("/upload", Upload())
 	mux.Handle("/count", Counting())
 	mux.Handle("/bytes", Bytes())
