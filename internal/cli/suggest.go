@@ -95,8 +95,8 @@ func suggest(recs []audit.Record) suggestion {
 	notes := map[string]bool{}
 	whole := map[string]bool{} // names whose connections were refused, not only some requests
 	for _, r := range recs {
-		if r.Verdict != audit.Deny && r.Verdict != audit.WouldDeny {
-			continue
+		if r.Verdict != audit.Deny && r.Verdict != audit.WouldDeny || r.Phase == audit.PhaseEnd {
+			continue // a carried connection counts once, by its start
 		}
 		if r.Proto != "tcp" && r.Proto != "http" {
 			continue // DNS denials are followed by the connection's record; UDP stays off
@@ -120,7 +120,7 @@ func suggest(recs []audit.Record) suggestion {
 		if entry == r.Name || strings.HasPrefix(entry, r.Name+":") {
 			whole[r.Name] = true
 		}
-		counts[key{domain, entry, r.Name}]++
+		counts[key{domain, entry, r.Name}] += max(r.Count, 1) // an aggregate counts its repeats
 	}
 	byDomain := map[string]*suggestGroup{}
 	for k, n := range counts {

@@ -26,6 +26,10 @@ func TestSuggest(t *testing.T) {
 		{Proto: "http", Verdict: "deny", Dst: "198.18.0.9:443", Name: "github.com", Method: "POST", Path: "/o/r/issues", Reason: none},
 		// A request under a name suggested whole needs no rule of its own.
 		{Proto: "http", Verdict: "would_deny", Dst: "198.18.0.4:443", Name: "api.example.com", Method: "GET", Path: "/v1/x", Reason: none},
+		// A carried connection counts once, by its start; an aggregate as its count.
+		{Proto: "tcp", Verdict: "would_deny", Dst: "198.18.0.5:80", Name: "cdn.example.com", Reason: none, Phase: audit.PhaseStart, Flow: "f-1"},
+		{Proto: "tcp", Verdict: "would_deny", Dst: "198.18.0.5:80", Name: "cdn.example.com", Reason: none, Phase: audit.PhaseEnd, Flow: "f-1"},
+		{Proto: "tcp", Verdict: "deny", Dst: "203.0.113.9:5432", Reason: none, Count: 40},
 	}
 	recs[6].Rule, recs[6].Layer = "ads.example.net", "user"
 	var b strings.Builder
@@ -34,11 +38,11 @@ func TestSuggest(t *testing.T) {
 	}
 	want := `[network]
 allow = [
-  # addresses: 1 refused
+  # addresses: 41 refused
   "203.0.113.9:5432",
   # example.co.uk: 1 refused
   "git.example.co.uk:22",
-  # example.com: 4 refused
+  # example.com: 5 refused
   "api.example.com",
   "cdn.example.com",
   # github.com: 1 refused
