@@ -266,6 +266,13 @@ func isLowerHex(c byte) bool { return c >= 'a' && c <= 'f' }
 type escMatcher struct {
 	pats     []pattern
 	byFirst  [256][]int // patterns by their first byte
+	// by2 indexes patterns by their first two bytes, and has2 says which
+	// pairs it holds: a start is tried against the few patterns that
+	// begin with what its first two units decode to, not every pattern
+	// with its first byte (a value's base64 forms share their first
+	// characters by the dozen).
+	by2  map[uint16][]int
+	has2 [1 << 16 / 64]uint64
 	maxLen   int        // longest pattern
 	maxSpan  int        // longest text a pattern's escaped form can take
 	canStart [256]bool  // bytes a match can start with
@@ -277,13 +284,16 @@ func newEscMatcher(pats []pattern) *escMatcher {
 	if len(pats) == 0 {
 		return nil
 	}
-	m := &escMatcher{pats: pats}
+	m := &escMatcher{pats: pats, by2: map[uint16][]int{}}
 	m.specials = []byte(escapeStarts)
 	for _, c := range m.specials {
 		m.canStart[c] = true
 	}
 	for k, p := range pats {
 		m.byFirst[p.from[0]] = append(m.byFirst[p.from[0]], k)
+		key := uint16(p.from[0])<<8 | uint16(p.from[1]) // patterns are minValueBytes long at least
+		m.by2[key] = append(m.by2[key], k)
+		m.has2[key/64] |= 1 << (key % 64)
 		m.canStart[p.from[0]] = true
 		m.maxLen = max(m.maxLen, len(p.from))
 		if bytes.IndexByte(p.from, ' ') >= 0 {
@@ -312,7 +322,9 @@ func (m *escMatcher) replace(dst, b []byte, final bool) (out []byte, hold int) {
 		s := max(cursor, p-(m.maxLen-1))
 		cursor = p + 1
 		for ; s <= p; s++ {
-			if !m.canStart[b[s]] {
+			// Before p the bytes are plain: a start there needs its first
+			// two bytes to begin a pattern, a test of one bit.
+			if !m.canStart[b[s]] || s+1 < p && !m.pair(b[s], b[s+1]) {
 				continue
 			}
 			end, k, st, more := m.longestAt(b[s:], final)
@@ -333,7 +345,7 @@ func (m *escMatcher) replace(dst, b []byte, final bool) (out []byte, hold int) {
 		// A match whose first escape is yet to come starts with plain
 		// bytes, fewer than maxLen of them.
 		for s := max(cursor, len(b)-(m.maxLen-1)); s < len(b); s++ {
-			if !m.canStart[b[s]] {
+			if !m.canStart[b[s]] || s+1 < len(b) && !m.pair(b[s], b[s+1]) {
 				continue
 			}
 			if _, _, _, more := m.longestAt(b[s:], false); more {
@@ -342,6 +354,12 @@ func (m *escMatcher) replace(dst, b []byte, final bool) (out []byte, hold int) {
 		}
 	}
 	return append(dst, b[pos:]...), len(b)
+}
+
+// pair reports whether a pattern starts with the bytes a, b.
+func (m *escMatcher) pair(a, b byte) bool {
+	key := uint16(a)<<8 | uint16(b)
+	return m.has2[key/64]&(1<<(key%64)) != 0
 }
 
 // specials finds the special bytes of b in order, each kind with
@@ -383,31 +401,76 @@ func (sp *specials) from(i int) int {
 // match (the caller must then wait for more text).
 func (m *escMatcher) longestAt(t []byte, final bool) (end, k int, st style, more bool) {
 	k = -1
-	var buf [8]byte
-	var firsts [3]byte
-	nf := 0
-	firsts[nf], nf = t[0], 1
-	if dec, n, _ := unescape(t, &buf); n > 0 && dec[0] != t[0] {
-		firsts[nf], nf = dec[0], nf+1
-	} else if n < 0 && !final {
-		// t ends inside an escape: anything may follow.
+	var buf1, buf2 [8]byte
+	firsts, partial := m.units(t, &buf1, final)
+	if partial {
 		return 0, -1, styleRaw, true
 	}
-	if t[0] == '+' && m.plus {
-		firsts[nf], nf = ' ', nf+1
-	}
-	for _, f := range firsts[:nf] {
-		for _, c := range m.byFirst[f] {
-			e, s, mr := matchOne(t, m.pats[c].from, final)
-			if mr {
+	for _, x := range firsts {
+		if x.n == 0 || m.byFirst[x.dec[0]] == nil {
+			continue
+		}
+		var keys [3]uint16
+		nk := 0
+		if len(x.dec) >= 2 {
+			keys[0], nk = uint16(x.dec[0])<<8|uint16(x.dec[1]), 1
+		} else {
+			rest := t[x.n:]
+			if len(rest) == 0 {
+				if !final {
+					return 0, -1, styleRaw, true
+				}
+				continue
+			}
+			seconds, partial := m.units(rest, &buf2, final)
+			if partial {
 				return 0, -1, styleRaw, true
 			}
-			if e >= 0 && (k < 0 || len(m.pats[c].from) > len(m.pats[k].from)) {
-				end, k, st = e, c, s
+			for _, y := range seconds {
+				if y.n > 0 {
+					keys[nk], nk = uint16(x.dec[0])<<8|uint16(y.dec[0]), nk+1
+				}
+			}
+		}
+		for _, key := range keys[:nk] {
+			if !m.pair(byte(key>>8), byte(key)) {
+				continue
+			}
+			for _, c := range m.by2[key] {
+				e, s, mr := matchOne(t, m.pats[c].from, final)
+				if mr {
+					return 0, -1, styleRaw, true
+				}
+				if e >= 0 && (k < 0 || len(m.pats[c].from) > len(m.pats[k].from)) {
+					end, k, st = e, c, s
+				}
 			}
 		}
 	}
 	return end, k, st, false
+}
+
+// unit is one way to read the text at a position: the bytes it stands
+// for and its length in the text (0: no such reading).
+type unit struct {
+	dec []byte
+	n   int
+}
+
+// units are the readings of the text at the start of t: an escape, the
+// byte itself, "+" as a space. partial is set when t ends inside what may
+// be an escape and more text may come.
+func (m *escMatcher) units(t []byte, buf *[8]byte, final bool) (out [3]unit, partial bool) {
+	if dec, n, _ := unescape(t, buf); n > 0 {
+		out[0] = unit{dec, n}
+	} else if n < 0 && !final {
+		return out, true
+	}
+	out[1] = unit{t[:1], 1}
+	if t[0] == '+' && m.plus {
+		out[2] = unit{[]byte{' '}, 1}
+	}
+	return out, false
 }
 
 // matchOne matches pattern p against the start of t, each of p's bytes
