@@ -199,3 +199,32 @@ func TestLogNoiseRotatesKeptStays(t *testing.T) {
 	}
 	t.Logf("%d bytes in %d files; %d denials' records rotated away", total, len(auditFiles(t, dir)), dropped)
 }
+
+// A flood of one refusal is counted before the queue: it cannot crowd out
+// the records that matter while the disk is slow (the writer not running
+// here).
+func TestFloodDoesNotCrowdTheQueue(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	l, err := newLog(path, Options{queued: 2 + 1 + burst + 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Write(rec(1))
+	for range 10000 {
+		l.Write(Record{Sandbox: "sb", Proto: "udp", Dst: "203.0.113.1:443", Verdict: Deny, Reason: "UDP other than DNS"})
+	}
+	l.Write(rec(2))
+	go l.run()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var counted int64
+	for _, r := range readAll(t, path) {
+		if r.Verdict == Deny {
+			counted += max(r.Count, 1)
+		}
+	}
+	if got := bytesUp(readAll(t, path)); got[1] != 1 || got[2] != 1 || l.Lost() != 0 || counted != 10000 {
+		t.Fatalf("allows %v, %d lost, %d denials accounted for; want both allows, none lost, 10000", got, l.Lost(), counted)
+	}
+}

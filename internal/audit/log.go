@@ -72,7 +72,7 @@ type Log struct {
 	o    Options
 	log  *slog.Logger
 
-	queue   chan Record
+	queue   chan queued
 	done    chan struct{} // closed when the writer goroutine has exited
 	dropped atomic.Int64  // records Write could not queue, not yet reported
 	dropSB  atomic.Pointer[string]
@@ -83,6 +83,12 @@ type Log struct {
 	// that is sending on it.
 	mu     sync.RWMutex
 	closed bool
+
+	// sortMu guards sort. Write files each record before it is queued, so
+	// a flood of repeats is counted on the gate's goroutines and never
+	// fills the queue that the records that matter wait in.
+	sortMu sync.Mutex
+	sort   *sorter
 
 	// failing holds why the log cannot be written now (a full disk, say),
 	// from a failed flush until one succeeds again: the gate lets nothing
@@ -98,7 +104,6 @@ type Log struct {
 
 	// Owned by the writer goroutine until done is closed.
 	kept, noise *series
-	sort        *sorter
 	err         error    // the first error
 	why         string   // why a series' last flush or reserve failed; "" when both worked
 	unwritten   int64    // records lost to failed writes, not yet reported
@@ -188,7 +193,7 @@ func newLog(path string, o Options) (*Log, error) {
 		path:  path,
 		o:     o,
 		log:   o.Logger,
-		queue: make(chan Record, o.queued),
+		queue: make(chan queued, o.queued),
 		done:  make(chan struct{}),
 		kept:  kept,
 		noise: noise,
@@ -201,10 +206,12 @@ func newLog(path string, o Options) (*Log, error) {
 	return l, nil
 }
 
-// Write queues r for the log and returns at once. It sets r.Schema, and
-// r.Time when it is zero. When the queue is full the record is dropped and
-// counted; the count is written later as a dropped record. Write after
-// Close does nothing. Safe for concurrent use.
+// Write files r and queues it for the log, and returns at once. It sets
+// r.Schema, and r.Time when it is zero. A repeated denial past the burst
+// is only counted, for its interval's aggregate, and never takes a place
+// in the queue. When the queue is full the record is dropped and counted;
+// the count is written later as a dropped record. Write after Close does
+// nothing. Safe for concurrent use.
 func (l *Log) Write(r Record) {
 	r.Schema = Schema
 	if r.Time.IsZero() {
@@ -219,12 +226,36 @@ func (l *Log) Write(r Record) {
 	if l.closed {
 		return
 	}
+	l.sortMu.Lock()
+	var ended []queued
+	if l.sort.due(r.Time) {
+		noise, kept := l.sort.flush(r.Time)
+		for _, a := range noise {
+			ended = append(ended, queued{a, true})
+		}
+		for _, a := range kept {
+			ended = append(ended, queued{a, false})
+		}
+	}
+	rt := l.sort.route(r)
+	l.sortMu.Unlock()
+	for _, q := range ended {
+		l.enqueue(q)
+	}
+	if rt != toNone { // else counted, for the interval's aggregate
+		l.enqueue(queued{r, rt == toNoise})
+	}
+}
+
+// enqueue hands q to the writer, or drops and counts it when the queue is
+// full. The caller holds mu for reading.
+func (l *Log) enqueue(q queued) {
 	select {
-	case l.queue <- r:
+	case l.queue <- q:
 	default:
 		l.dropped.Add(1)
 		l.lost.Add(1)
-		sb := r.Sandbox
+		sb := q.r.Sandbox
 		l.dropSB.Store(&sb)
 	}
 }
@@ -318,12 +349,12 @@ func (l *Log) run() {
 	written := 0
 	for {
 		select {
-		case r, ok := <-l.queue:
+		case q, ok := <-l.queue:
 			if !ok {
 				l.finish()
 				return
 			}
-			l.write(r)
+			l.write(q)
 			written++
 			// Report drops once the records queued before them are written
 			// (the queue ran empty), or after a queue's worth under load that
@@ -344,20 +375,18 @@ func (l *Log) run() {
 
 // finish ends the last interval and closes the files.
 func (l *Log) finish() {
-	l.endInterval(l.o.now())
+	l.endInterval(l.o.now(), true)
 	l.writeDropped()
 	l.flush()
 	l.fail(l.kept.close())
 	l.fail(l.noise.close())
 }
 
-// tick ends an interval that is over and deletes files past the
-// retention.
+// tick ends an interval that is over when no denial came to end it
+// (Write ends it otherwise) and deletes files past the retention.
 func (l *Log) tick() {
 	now := l.o.now()
-	if l.sort.due(now) {
-		l.endInterval(now)
-	}
+	l.endInterval(now, false)
 	if now.Sub(l.swept) >= l.o.Interval {
 		l.swept = now
 		l.expire(now)
@@ -365,8 +394,15 @@ func (l *Log) tick() {
 	l.checkFull()
 }
 
-func (l *Log) endInterval(now time.Time) {
-	noise, kept := l.sort.flush(now)
+// endInterval writes the aggregates of an interval that is over, or of
+// the current one when all is set (Close).
+func (l *Log) endInterval(now time.Time, all bool) {
+	l.sortMu.Lock()
+	var noise, kept []Record
+	if all || l.sort.due(now) {
+		noise, kept = l.sort.flush(now)
+	}
+	l.sortMu.Unlock()
 	for _, r := range noise {
 		l.put(l.noise, r)
 	}
@@ -375,19 +411,21 @@ func (l *Log) endInterval(now time.Time) {
 	}
 }
 
-// write files one record.
-func (l *Log) write(r Record) {
-	if r.Sandbox != "" {
-		l.sb = r.Sandbox
+// queued is a record on its way to the writer, filed by Write.
+type queued struct {
+	r     Record
+	noise bool // for the noise series; else the kept one
+}
+
+// write writes one filed record.
+func (l *Log) write(q queued) {
+	if q.r.Sandbox != "" {
+		l.sb = q.r.Sandbox
 	}
-	switch l.sort.route(r) {
-	case toKept:
-		l.put(l.kept, r)
-	case toNoise:
-		l.put(l.noise, r)
-	}
-	if now := l.o.now(); l.sort.due(now) {
-		l.endInterval(now)
+	if q.noise {
+		l.put(l.noise, q.r)
+	} else {
+		l.put(l.kept, q.r)
 	}
 }
 
