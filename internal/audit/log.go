@@ -37,6 +37,9 @@ const rotatedKeep = 3
 // opens hundreds of connections a second.
 const queueLen = 4096
 
+// dropLogEvery bounds how often queue drops are told to the Logger.
+const dropLogEvery = 10 * time.Second
+
 // tickEvery is how often the writer looks at the clock when no record
 // comes: aggregates are written within this of their interval's end, and
 // files past the retention are deleted.
@@ -111,6 +114,7 @@ type Log struct {
 	sb          string   // the sandbox, for the log's own records
 	notices     []Record // dropped records waiting for a rotation to finish
 	swept       time.Time
+	dropLogged  time.Time // when a queue drop was last told to the Logger
 	keptOldest  time.Time // mtime of the kept series' path.keep; zero if none
 }
 
@@ -600,10 +604,13 @@ func (l *Log) flushSeries(s *series) {
 	} else if lost > 0 {
 		l.lost.Add(int64(lost))
 		if l.unwritten == 0 {
+			// Once an episode: the disk may refuse every flush for a
+			// while, and the daemon's log is on it too. Its end is
+			// logged with the total (flush).
 			l.lostWhy = err.Error()
+			l.log.Error("audit records could not be written", "lost", lost, "err", err)
 		}
 		l.unwritten += int64(lost)
-		l.log.Error("audit records could not be written", "lost", lost, "err", err)
 	}
 	s.why = ""
 	if err != nil {
@@ -631,7 +638,12 @@ func (l *Log) writeDropped() {
 	if p := l.dropSB.Load(); p != nil {
 		sb = *p
 	}
-	l.log.Warn("audit records were dropped: the gate decided faster than they could be written", "lost", n)
+	if now := time.Now(); now.Sub(l.dropLogged) >= dropLogEvery {
+		// Rate-limited: under load that never lets up this comes after
+		// every queue's worth. The log has every count.
+		l.dropLogged = now
+		l.log.Warn("audit records were dropped: the gate decided faster than they could be written", "lost", n, "lost_since_start", l.lost.Load())
+	}
 	l.put(l.kept, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: sb, Verdict: Dropped,
 		Reason: fmt.Sprintf("audit queue full: %d records lost", n), Dropped: n})
 }
