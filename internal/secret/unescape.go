@@ -437,11 +437,16 @@ func (m *escMatcher) longestAt(t []byte, final bool) (end, k int, st style, more
 				continue
 			}
 			for _, c := range m.by2[key] {
-				e, s, mr := matchOne(t, m.pats[c].from, final)
+				from := m.pats[c].from
+				e, s, mr := matchOne(t, from, final)
 				if mr {
 					return 0, -1, styleRaw, true
 				}
-				if e >= 0 && (k < 0 || len(m.pats[c].from) > len(m.pats[k].from)) {
+				// A plain match is the literal matcher's, which looks at
+				// every start: taken here, from a start near an escape, it
+				// could pre-empt a longer one starting before (a base64
+				// form with its edge character).
+				if e >= 0 && !bytes.Equal(t[:e], from) && (k < 0 || len(from) > len(m.pats[k].from)) {
 					end, k, st = e, c, s
 				}
 			}
