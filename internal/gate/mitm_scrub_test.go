@@ -4,10 +4,16 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +26,10 @@ import (
 // ?enc=gzip or ?enc=br, a body in that encoding whatever the request
 // asked for.
 func echoElsewhere(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Query().Has("place") {
+		echoFuzz(w, r)
+		return
+	}
 	auth := r.Header.Get("Authorization")
 	token := strings.TrimPrefix(auth, "Bearer ")
 	h := w.Header()
@@ -144,4 +154,151 @@ func decodedB64(body string) string {
 	field, _, _ := strings.Cut(rest, " ")
 	b, _ := base64.StdEncoding.DecodeString(field)
 	return string(b)
+}
+
+// fuzzEncoding is a form a bound host may echo the value in, and how
+// the guest reads it back.
+type fuzzEncoding struct {
+	enc func(string) string
+	dec func(string) (string, error)
+	// fill: base64 mid-stream decodes to the placeholder and up to two
+	// spaces (see the secret package).
+	fill bool
+}
+
+func perByteGate(s, format string) string {
+	var b strings.Builder
+	for i := range len(s) {
+		fmt.Fprintf(&b, format, s[i])
+	}
+	return b.String()
+}
+
+var fuzzEncodings = []fuzzEncoding{
+	{enc: func(s string) string { return s }, dec: func(s string) (string, error) { return s, nil }},
+	{enc: func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) },
+		dec: func(s string) (string, error) { b, err := base64.StdEncoding.DecodeString(s); return string(b), err }, fill: true},
+	{enc: func(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) },
+		dec: func(s string) (string, error) { b, err := base64.RawURLEncoding.DecodeString(s); return string(b), err }, fill: true},
+	{enc: func(s string) string { return perByteGate(s, "%%%02x") }, dec: url.PathUnescape},
+	{enc: func(s string) string { return perByteGate(s, `\u%04X`) }, dec: func(s string) (string, error) {
+		var out string
+		err := json.Unmarshal([]byte(`"`+s+`"`), &out)
+		return out, err
+	}},
+	{enc: func(s string) string { return perByteGate(s, "&#%d;") }, dec: func(s string) (string, error) { return html.UnescapeString(s), nil }},
+	{enc: func(s string) string { return hex.EncodeToString([]byte(s)) }, dec: func(s string) (string, error) { b, err := hex.DecodeString(s); return string(b), err }},
+}
+
+var fuzzPlaces = []string{"header", "1xx", "trailer", "body"}
+
+// echoFuzz echoes the request's bearer token as ?enc= encodes
+// ?pre=+token+?post=, in ?place=: a header, a 103, a trailer, or the body
+// written in ?chunk=-byte writes, each flushed.
+func echoFuzz(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	enc, _ := strconv.Atoi(q.Get("enc"))
+	text := fuzzEncodings[enc].enc(q.Get("pre") + token + q.Get("post"))
+	h := w.Header()
+	switch q.Get("place") {
+	case "header":
+		h.Set("X-Fuzz", text)
+	case "1xx":
+		h.Set("X-Fuzz", text)
+		w.WriteHeader(http.StatusEarlyHints)
+		h.Del("X-Fuzz")
+	case "trailer":
+		h.Set("Trailer", "X-Fuzz")
+		io.WriteString(w, "see the trailer\n")
+		h.Set("X-Fuzz", text)
+	case "body":
+		chunk, _ := strconv.Atoi(q.Get("chunk"))
+		rc := http.NewResponseController(w)
+		for len(text) > 0 {
+			n := min(max(chunk, 1), len(text))
+			io.WriteString(w, text[:n])
+			rc.Flush()
+			text = text[n:]
+		}
+	}
+}
+
+// FuzzInterceptScrubs has a bound host echo the value in a random form,
+// with random text around it, in a header, a 103 response, a trailer or
+// a body written in random pieces, over HTTP/1.1 or HTTP/2, and checks
+// that what the guest receives decodes to the text with the placeholder
+// whole, never the value. Its seeds run with every go test.
+func FuzzInterceptScrubs(f *testing.F) {
+	creds := testSecrets(f, false)
+	ph := creds.Placeholders()["API_KEY"]
+	fx := newMITMFixture(f, []string{"api.test"}, func(o *Options) { o.Credentials = creds })
+	clients := map[bool]*http.Client{false: fx.client(f, false, fx.roots), true: fx.client(f, true, fx.roots)}
+	for e := range fuzzEncodings {
+		for p := range fuzzPlaces {
+			f.Add([]byte("GH"), []byte("IJK"), uint8(e), uint8(p), uint8(e+p), e%2 == 0)
+		}
+	}
+	const filler = "GHIJKLMNOPQRSTUVWXYZ"
+	f.Fuzz(func(t *testing.T, pre, post []byte, enc, place, chunk uint8, h2 bool) {
+		clean := func(b []byte) string {
+			out := make([]byte, len(b)%16)
+			for i := range out {
+				out[i] = filler[int(b[i])%len(filler)]
+			}
+			return string(out)
+		}
+		p, q := clean(pre), clean(post)
+		e := int(enc) % len(fuzzEncodings)
+		where := fuzzPlaces[int(place)%len(fuzzPlaces)]
+		var mu sync.Mutex
+		var early []string
+		ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+				mu.Lock()
+				early = append(early, h.Get("X-Fuzz"))
+				mu.Unlock()
+				return nil
+			},
+		})
+		u := fmt.Sprintf("https://api.test/echo-elsewhere?place=%s&enc=%d&pre=%s&post=%s&chunk=%d", where, e, p, q, chunk)
+		req, _ := http.NewRequestWithContext(ctx, "GET", u, nil)
+		req.Header.Set("Authorization", "Bearer "+ph)
+		resp, err := clients[h2].Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got string
+		switch where {
+		case "header":
+			got = resp.Header.Get("X-Fuzz")
+		case "1xx":
+			mu.Lock()
+			if len(early) == 1 {
+				got = early[0]
+			}
+			mu.Unlock()
+		case "trailer":
+			got = resp.Trailer.Get("X-Fuzz")
+		case "body":
+			got = string(body)
+		}
+		all := strings.ToLower(string(body) + headerText(resp.Header) + headerText(resp.Trailer) + strings.Join(early, " "))
+		if strings.Contains(all, canary) {
+			t.Fatalf("%s, encoding %d, h2=%v: the value reached the guest: %q", where, e, h2, all)
+		}
+		dec, err := fuzzEncodings[e].dec(got)
+		rest, ok := strings.CutPrefix(dec, p+ph)
+		if fuzzEncodings[e].fill {
+			rest = strings.TrimPrefix(strings.TrimPrefix(rest, " "), " ")
+		}
+		if err != nil || !ok || rest != q {
+			t.Fatalf("%s, encoding %d, h2=%v: the guest got %q, which decodes to %q (%v); want %q", where, e, h2, got, dec, err, p+ph+q)
+		}
+	})
 }
