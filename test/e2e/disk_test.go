@@ -210,3 +210,36 @@ func TestGuestLogsBounded(t *testing.T) {
 		t.Errorf("after the flood: %q", out)
 	}
 }
+
+// TestDiskFromUnlimited: a sandbox whose writable layer is in its state
+// dir (disk = "unlimited", or made before disk limits) has it moved into
+// an image when it gets a limit, overlay whiteouts and owners included;
+// going back to "unlimited" is refused.
+func TestDiskFromUnlimited(t *testing.T) {
+	dir := project(t, "disk-move")
+	state := filepath.Join(moatHome, "state/sandboxes/disk-move")
+	writeConfig(t, dir, "[sandbox]\ndisk = \"unlimited\"\n")
+	mustMoat(t, dir, "run", "--", "sh", "-c", "echo mine > ~/kept && sudo sh -c 'echo sys > /usr/local/moat-e2e-moved && rm /etc/issue'")
+	if _, err := os.Stat(filepath.Join(state, "disk.img")); err == nil {
+		t.Fatal("an unlimited sandbox has a disk image")
+	}
+	if s := mustMoat(t, dir, "status", "--json"); strings.Contains(s, `"disk"`) {
+		t.Errorf("status of an unlimited sandbox shows a disk: %s", s)
+	}
+	mustMoat(t, dir, "down")
+	writeConfig(t, dir, "[sandbox]\ndisk = \"64MiB\"\n")
+	mustMoat(t, dir, "up", "--reconfigure")
+	out := mustMoat(t, dir, "run", "--", "sh", "-c", "cat ~/kept /usr/local/moat-e2e-moved; stat -c %U ~/kept; if test -e /etc/issue; then echo issue-back; fi")
+	if want := "mine\nsys\nagent\n"; out != want {
+		t.Errorf("after the move: %q, want %q (the deleted /etc/issue stays deleted)", out, want)
+	}
+	for _, d := range []string{"upper", "root", "work"} {
+		if _, err := os.Stat(filepath.Join(state, d)); err == nil {
+			t.Errorf("%s is still in the state dir after the move", d)
+		}
+	}
+	writeConfig(t, dir, "[sandbox]\ndisk = \"unlimited\"\n")
+	if r := moat(t, dir, nil, "up", "--reconfigure"); r.code == 0 || !strings.Contains(r.stderr, "sandbox.disk") {
+		t.Errorf("back to unlimited: exit %d, stderr:\n%s", r.code, r.stderr)
+	}
+}
