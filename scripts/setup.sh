@@ -14,6 +14,7 @@ need=()
 command -v sudo >/dev/null || need+=(sudo)               # passwordless sudo inside host-image sandboxes
 [ -x /bin/busybox ] || need+=(busybox-static)             # tests build a tiny OCI image from it
 command -v ip >/dev/null || need+=(iproute2)
+command -v mkfs.ext4 >/dev/null || need+=(e2fsprogs)     # each sandbox's disk image (internal/disk); "required" on Debian, absent from some minimal images
 if [ ${#need[@]} -gt 0 ]; then
 	echo "setup.sh: installing ${need[*]}" >&2
 	apt-get update -qq
@@ -21,6 +22,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 modprobe tun 2>/dev/null || true
 modprobe overlay 2>/dev/null || true
+modprobe loop 2>/dev/null || true
 
 export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0
 mkdir -p bin
