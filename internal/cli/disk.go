@@ -3,6 +3,7 @@ package cli
 import (
 	"fmt"
 	"io"
+	"os/exec"
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/daemon"
@@ -39,3 +40,20 @@ func printDisk(out io.Writer, d *control.Disk) {
 // stoppedDisk is the disk use of a sandbox that is not running, read from
 // its image.
 func stoppedDisk(dir string) *control.Disk { return daemon.DiskStatus(dir, 0) }
+
+// diskChecks are `moat doctor`'s checks for the disk images that hold
+// sandboxes' writable layers (internal/disk).
+func diskChecks() []check {
+	return []check{
+		{"loop devices (for [sandbox] disk)", func() (bool, string) { return fileExists("/dev/loop-control"), "" },
+			"load the loop module: modprobe loop (or set [sandbox] disk = \"unlimited\")"},
+		{"mkfs.ext4, e2fsck, resize2fs (for [sandbox] disk)", func() (bool, string) {
+			for _, tool := range []string{"mkfs.ext4", "e2fsck", "resize2fs"} {
+				if _, err := exec.LookPath(tool); err != nil {
+					return false, tool + " not found"
+				}
+			}
+			return true, ""
+		}, "apt-get install e2fsprogs (or set [sandbox] disk = \"unlimited\")"},
+	}
+}

@@ -44,6 +44,7 @@ func newDoctorCmd() *cobra.Command {
 					return err == nil, ""
 				}, "apt-get install sudo"},
 			}
+			checks = append(checks, diskChecks()...)
 			bad := 0
 			for _, ch := range checks {
 				ok, detail := ch.ok()
