@@ -36,9 +36,9 @@
 // quarter of the kept series); beyond them a destination's denials go to
 // the noise series like repeats, and denials of more destinations than
 // an interval has aggregates for (as many as are tracked) are one record
-// with count in the kept series. Whatever rotation or
-// retention deletes is itself recorded in the kept series: a "dropped"
-// record with the count by kind (dropped_kinds).
+// with count in the kept series. Whatever rotation or retention deletes is
+// itself recorded in the kept series: a "dropped" record with the count
+// by kind (dropped_kinds).
 //
 // Readers merge the two series by time (Read). Records within a file are
 // in the order the gate wrote them; that is close to, not exactly, time
@@ -63,7 +63,8 @@
 //	proto        string  "tcp", "udp", "dns" or "icmp"; "http" for one request
 //	                     inside a TLS connection the gate terminated (the
 //	                     connection itself has its own "tcp" record); "" only
-//	                     in a dropped record
+//	                     in a dropped record and in the count of denials beyond
+//	                     the tracked set
 //	dst          string  the address the guest addressed, ip:port ("gateway:53" for
 //	                     DNS queries, a bare ip for ICMP); "" in a dropped record
 //	                     and in the count of denials beyond the tracked set
