@@ -34,7 +34,7 @@ func ReadImage(stateDir string) (Image, Superblock, error) {
 	}
 	sb, err := ParseSuperblock(b)
 	if err != nil {
-		return Image{}, Superblock{}, fmt.Errorf("reading %s: %w", f.Name(), err)
+		return Image{}, Superblock{}, fmt.Errorf("reading %s: %w (moat up --fresh discards the sandbox's writable layer and makes a new one)", f.Name(), err)
 	}
 	return Image{Exists: true, SizeBytes: uint64(fi.Size()), UsedBytes: sb.UsedBytes()}, sb, nil
 }
@@ -365,14 +365,19 @@ func waitDetached(path string, wait time.Duration) error {
 }
 
 // Holder is the loop device (/dev/loopN) whose backing file is path, or "".
+// The kernel names the backing file by its resolved path.
 func Holder(path string) string {
+	resolved, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		resolved = path
+	}
 	devs, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
 	for _, f := range devs {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue
 		}
-		if strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)") == path {
+		if name := strings.TrimSuffix(strings.TrimSpace(string(b)), " (deleted)"); name == path || name == resolved {
 			return "/dev/" + filepath.Base(filepath.Dir(filepath.Dir(f)))
 		}
 	}
