@@ -102,7 +102,10 @@ var presets = map[string]*Preset{
 			"DISABLE_TELEMETRY":                        "1",
 			"DISABLE_ERROR_REPORTING":                  "1",
 			"DISABLE_AUTOUPDATER":                      "1",
-			"IS_SANDBOX":                               "1",
+			// The interactive start otherwise fetches the official plugin
+			// marketplace from a download host the preset does not allow.
+			"CLAUDE_CODE_DISABLE_OFFICIAL_MARKETPLACE_AUTOINSTALL": "1",
+			"IS_SANDBOX": "1",
 		},
 		Install: "npm install -g @anthropic-ai/claude-code",
 		Package: "@anthropic-ai/claude-code",

@@ -50,7 +50,7 @@ func SeedMain(args []string, stderr io.Writer) int {
 	}
 	env := os.Environ()
 	for alias, from := range p.Aliases {
-		if v := os.Getenv(from); strings.HasPrefix(v, secret.PlaceholderPrefix) && !strings.HasPrefix(os.Getenv(alias), secret.PlaceholderPrefix) {
+		if v := os.Getenv(from); strings.HasPrefix(v, secret.PlaceholderPrefix) && os.Getenv(alias) == "" {
 			env = append(env, alias+"="+v)
 			os.Setenv(alias, v)
 		}
