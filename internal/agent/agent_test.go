@@ -474,22 +474,30 @@ func (w *lineWriter) waitFor(t *testing.T, substr string) string {
 	}
 }
 
+// newSession opens a session to a fresh server, with a PTY if asked, and
+// collects its output.
+func newSession(t *testing.T, usePTY bool) (*ssh.Client, *ssh.Session, *lineWriter) {
+	t.Helper()
+	ts := startServer(t, nil)
+	c := ts.dial(t)
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if usePTY {
+		if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := &lineWriter{}
+	sess.Stdout = out
+	return c, sess, out
+}
+
 func TestDisconnectKillsGroup(t *testing.T) {
 	for _, usePTY := range []bool{false, true} {
 		t.Run(fmt.Sprintf("pty=%v", usePTY), func(t *testing.T) {
-			ts := startServer(t, nil)
-			c := ts.dial(t)
-			sess, err := c.NewSession()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if usePTY {
-				if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var out lineWriter
-			sess.Stdout = &out
+			c, sess, out := newSession(t, usePTY)
 			pidfile := filepath.Join(t.TempDir(), "pid")
 			if err := sess.Start(fmt.Sprintf(`sh -c 'echo $$ > %s; sleep 300 & sleep 300 & echo ready; wait'`, pidfile)); err != nil {
 				t.Fatal(err)
@@ -557,19 +565,7 @@ func TestChattyLeftoverDoesNotHoldSession(t *testing.T) {
 func TestHangupSparesNohup(t *testing.T) {
 	for _, usePTY := range []bool{false, true} {
 		t.Run(fmt.Sprintf("pty=%v", usePTY), func(t *testing.T) {
-			ts := startServer(t, nil)
-			c := ts.dial(t)
-			sess, err := c.NewSession()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if usePTY {
-				if err := sess.RequestPty("xterm", 24, 80, nil); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var out lineWriter
-			sess.Stdout = &out
+			c, sess, out := newSession(t, usePTY)
 			dir := t.TempDir()
 			kept, plain := filepath.Join(dir, "kept"), filepath.Join(dir, "plain")
 			// Each writes its own pid once it runs, so nohup has set
