@@ -24,6 +24,12 @@ package gate
 // WebSocket message is not swapped and a value echoed in one is not
 // scrubbed (frames carry their length, and the two differ in length).
 // Credentials go in the upgrade request's headers, where they are swapped.
+//
+// Everything else an answer carries is scrubbed of secret values: its
+// header (names too), its body as it streams, its trailers and its 1xx
+// responses, each on its own path through the proxy (modifyResponse,
+// scrubTrailer, scrubbing1xx). A bound host's body in an encoding the gate
+// cannot read is dropped, never passed on unscrubbed.
 
 import (
 	"compress/gzip"
