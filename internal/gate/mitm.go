@@ -21,8 +21,9 @@ package gate
 // client certificate (mutual TLS) or that the guest pins cannot be
 // intercepted, so only hosts that need it are; and after a WebSocket
 // upgrade the gate copies the stream as bytes, so a placeholder inside a
-// WebSocket message is not swapped and a value echoed in one is not
-// scrubbed (frames carry their length, and the two differ in length).
+// WebSocket message is not swapped (frames carry their length, and the
+// two differ in length); from a bound host, frames are read one by one
+// and scrubbed (wsscrub.go).
 // Credentials go in the upgrade request's headers, where they are swapped.
 //
 // Everything else an answer carries is scrubbed of secret values: its
@@ -457,6 +458,11 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		// header is scrubbed; that costs nothing.
 		rs.scrubHeader = creds.Scrubs()
 		rs.scrub = rs.scrubHeader && creds.Bound(ic.name)
+		if rs.scrub {
+			// Compressed WebSocket frames cannot be scrubbed (wsscrub.go):
+			// the host is not offered compression.
+			r.Header.Del("Sec-WebSocket-Extensions")
+		}
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &rs.up}
@@ -587,9 +593,17 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 		// stream the proxy copies both ways (WebSocket frames are not
 		// scrubbed: see the notes at the top of this file).
 		rs.switched = true
-		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
-			resp.Body = &countingRWC{ReadWriteCloser: rwc, rs: rs}
+		rwc, ok := resp.Body.(io.ReadWriteCloser)
+		if !ok {
+			return nil
 		}
+		if rs.scrub {
+			if !strings.EqualFold(resp.Header.Get("Upgrade"), "websocket") {
+				return fmt.Errorf("the answer switches to %q, a protocol the gate cannot scrub secrets from; it was dropped", clip(resp.Header.Get("Upgrade"), 64))
+			}
+			rwc = &wsScrubbing{ReadWriteCloser: rwc, s: &wsScrubber{r: rwc, creds: g.o.Credentials, rs: rs}}
+		}
+		resp.Body = &countingRWC{ReadWriteCloser: rwc, rs: rs}
 		return nil
 	}
 	resp.Body = &countingBody{ReadCloser: resp.Body, n: &rs.down}

@@ -1,7 +1,9 @@
 package gate
 
 import (
+	"bufio"
 	"compress/gzip"
+	"crypto/sha1"
 	"context"
 	"encoding/base64"
 	"encoding/hex"
@@ -17,6 +19,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // echoElsewhere echoes the request's credential everywhere a response
@@ -28,6 +31,10 @@ import (
 func echoElsewhere(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Query().Has("place") {
 		echoFuzz(w, r)
+		return
+	}
+	if r.URL.Query().Has("ws") {
+		wsEchoToken(w, r)
 		return
 	}
 	auth := r.Header.Get("Authorization")
@@ -301,4 +308,83 @@ func FuzzInterceptScrubs(f *testing.F) {
 			t.Fatalf("%s, encoding %d, h2=%v: the guest got %q, which decodes to %q (%v); want %q", where, e, h2, got, dec, err, p+ph+q)
 		}
 	})
+}
+
+// wsEchoToken upgrades to WebSocket and sends the request's bearer token
+// back in two frames, a short one and one past 125 bytes (a 16-bit
+// length), and whether it was offered compression.
+func wsEchoToken(w http.ResponseWriter, r *http.Request) {
+	token := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	defer c.Close()
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+		base64.StdEncoding.EncodeToString(h[:]))
+	brw.Write(wsFrame([]byte("token="+token+" extensions="+r.Header.Get("Sec-WebSocket-Extensions")), false))
+	long := strings.Repeat("x", 200) + base64.StdEncoding.EncodeToString([]byte(token)) + strings.Repeat("y", 100)
+	brw.Write(append([]byte{0x82, 126, byte(len(long) >> 8), byte(len(long))}, long...))
+	brw.Flush()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.Copy(io.Discard, c) // until the guest closes
+}
+
+// wsReadLong reads one unmasked frame, of any length up to 64 KiB.
+func wsReadLong(r *bufio.Reader) (byte, []byte, error) {
+	var h [2]byte
+	if _, err := io.ReadFull(r, h[:]); err != nil {
+		return 0, nil, err
+	}
+	n := int(h[1] & 0x7f)
+	if n == 126 {
+		var b [2]byte
+		if _, err := io.ReadFull(r, b[:]); err != nil {
+			return 0, nil, err
+		}
+		n = int(b[0])<<8 | int(b[1])
+	}
+	p := make([]byte, n)
+	_, err := io.ReadFull(r, p)
+	return h[0], p, err
+}
+
+// TestInterceptScrubsWebSocketFrames checks that a value a bound host
+// echoes in WebSocket messages reaches the guest as the placeholder, in
+// frames whose lengths match, and that the host was not offered the
+// compression that would hide it.
+func TestInterceptScrubsWebSocketFrames(t *testing.T) {
+	creds := testSecrets(t, false)
+	ph := creds.Placeholders()["API_KEY"]
+	f := newMITMFixture(t, []string{"api.test"}, func(o *Options) { o.Credentials = creds })
+	c := f.client(t, false, f.roots)
+	req, _ := http.NewRequest("GET", "https://api.test/echo-elsewhere?ws=1", nil)
+	req.Header.Set("Upgrade", "websocket")
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Sec-WebSocket-Version", "13")
+	req.Header.Set("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==")
+	req.Header.Set("Sec-WebSocket-Extensions", "permessage-deflate")
+	req.Header.Set("Authorization", "Bearer "+ph)
+	resp, err := c.Transport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("got %d %v", resp.StatusCode, resp.Header)
+	}
+	ws := resp.Body.(io.ReadWriteCloser)
+	defer ws.Close()
+	br := bufio.NewReader(ws)
+	b0, first, err := wsReadLong(br)
+	if err != nil || b0 != 0x81 || string(first) != "token="+ph+" extensions=" {
+		t.Errorf("first frame %#x %q, %v; want the placeholder, and no extensions offered", b0, first, err)
+	}
+	b0, second, err := wsReadLong(br)
+	if err != nil || b0 != 0x82 || !strings.Contains(string(second), base64.StdEncoding.EncodeToString([]byte(ph))[:20]) || strings.Contains(string(second), base64.StdEncoding.EncodeToString([]byte(canary))[:20]) {
+		t.Errorf("second frame %#x %q, %v; want the placeholder's base64", b0, second, err)
+	}
+	if strings.Contains(string(first)+string(second), canary) {
+		t.Errorf("the value reached the guest in a WebSocket frame")
+	}
 }
