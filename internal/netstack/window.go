@@ -19,27 +19,34 @@ import (
 // guest can stall a thousand of them on purpose. Large windows are what
 // makes a download through the gate fast (the guest↔gateway path is a
 // memory copy, bounded by the window, not by loss), so every connection
-// starts with a small window and a connection that has moved bulkAfter
-// bytes one way gets a large one in that direction, while the sandbox's
-// window budget lasts. The daemon then holds at most
-// connections × windowSmall per direction plus the budget.
+// starts with a small window and one that has moved enough bytes one way
+// gets larger ones in that direction (steps), while the sandbox's window
+// budget lasts. The daemon then holds at most connections × windowSmall
+// per direction plus the budget.
 const (
 	// windowSmall: a request, an answer of a few hundred KiB and an
 	// idle connection never need more. A 256 KiB window for every
 	// connection halved a 1 GiB download's speed (docs: backpressure).
 	windowSmall = 128 << 10
-	// windowBulk is a bulk transfer's window: the 4 MiB the stack had
-	// by default before windows were budgeted, which kept the download
-	// speed.
-	windowBulk = 4 << 20
-	// bulkAfter is how much a connection moves one way before it asks
-	// for windowBulk in that direction: more than a request or a small
-	// answer, less than what makes the small window's cost show.
-	bulkAfter = 2 << 20
-	// DefaultWindowBudget is the budget when the daemon sets none: 16
-	// bulk transfers at once.
-	DefaultWindowBudget = 16 * (windowBulk - windowSmall)
+	// windowBulk is the largest window: the 16 MiB gVisor's tuning gave
+	// a download before windows were budgeted. With 4 MiB a download
+	// through the gate was a fifth slower.
+	windowBulk = 16 << 20
+	// DefaultWindowBudget is the budget when the daemon sets none: four
+	// downloads at full speed.
+	DefaultWindowBudget = 4 * (windowBulk - windowSmall)
 )
+
+// steps are the windows a direction grows to, each once it has moved
+// after bytes: the first step comes after more than a request or a small
+// answer, the last after more than a guest that stopped reading lets
+// through (its own receive buffer, 4 MiB by default, and the first step),
+// so connections whose guest stalls take at most the first step's bytes
+// from the budget.
+var steps = []struct{ after, window int64 }{
+	{2 << 20, 4 << 20},
+	{16 << 20, windowBulk},
+}
 
 // budget is the bytes of bulk windows beyond the small ones that a
 // sandbox's connections may hold at once.
@@ -75,13 +82,19 @@ type windowed struct {
 	ep tcpip.Endpoint
 	b  *budget
 
-	read, written int64 // owned by the reader and the writer
-	rcvOK, sndOK  bool  // the direction has its bulk window; owned likewise
+	rcv, snd direction // owned by the reader and the writer
 
 	// mu guards the grants against Close, which gives them back.
 	mu      sync.Mutex
 	closed  bool
 	granted int64
+}
+
+// direction is one way's count and window.
+type direction struct {
+	moved  int64
+	step   int   // the next step to ask for
+	window int64 // the window now
 }
 
 // newWindowed pins ep's buffers at the small window. The receive window
@@ -91,37 +104,39 @@ type windowed struct {
 func newWindowed(c *gonet.TCPConn, ep tcpip.Endpoint, b *budget) *windowed {
 	ep.SocketOptions().SetSendBufferSize(windowSmall, true)
 	ep.SocketOptions().SetReceiveBufferSize(windowSmall, true)
-	return &windowed{TCPConn: c, ep: ep, b: b}
+	return &windowed{TCPConn: c, ep: ep, b: b,
+		rcv: direction{window: windowSmall}, snd: direction{window: windowSmall}}
 }
 
-// grow gives one direction the bulk window if the budget has room, and
-// reports whether it did.
-func (w *windowed) grow(set func(int64, bool)) bool {
+// grow moves d to its next step if it has moved enough and the budget has
+// room.
+func (w *windowed) grow(d *direction, set func(int64, bool)) {
+	if d.step >= len(steps) || d.moved < steps[d.step].after {
+		return
+	}
+	next := steps[d.step].window
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.closed || !w.b.take(windowBulk-windowSmall) {
-		return false
+	if w.closed || !w.b.take(next-d.window) {
+		return
 	}
-	w.granted += windowBulk - windowSmall
-	set(windowBulk, true)
-	return true
+	w.granted += next - d.window
+	d.window = next
+	d.step++
+	set(next, true)
 }
 
 func (w *windowed) Read(p []byte) (int, error) {
 	n, err := w.TCPConn.Read(p)
-	w.read += int64(n)
-	if w.read >= bulkAfter && !w.rcvOK {
-		w.rcvOK = w.grow(w.ep.SocketOptions().SetReceiveBufferSize)
-	}
+	w.rcv.moved += int64(n)
+	w.grow(&w.rcv, w.ep.SocketOptions().SetReceiveBufferSize)
 	return n, err
 }
 
 func (w *windowed) Write(p []byte) (int, error) {
-	if w.written >= bulkAfter && !w.sndOK {
-		w.sndOK = w.grow(w.ep.SocketOptions().SetSendBufferSize)
-	}
+	w.grow(&w.snd, w.ep.SocketOptions().SetSendBufferSize)
 	n, err := w.TCPConn.Write(p)
-	w.written += int64(n)
+	w.snd.moved += int64(n)
 	return n, err
 }
 

@@ -148,20 +148,21 @@ func TestUnreadUploadHoldsTheSmallWindow(t *testing.T) {
 }
 
 // TestBulkWindowsComeFromTheBudget: a connection that has carried
-// bulkAfter bytes toward the guest gets windowBulk while the budget has
+// first step's bytes toward the guest gets its window while the budget has
 // room, and a second one, with the budget spent, keeps windowSmall; the
 // budget comes back when the first closes.
 func TestBulkWindowsComeFromTheBudget(t *testing.T) {
-	gw, g, _ := pairOptions(t, Options{Gate: gate.New(gate.Options{Sandbox: "test"}), WindowBudget: windowBulk - windowSmall})
+	first := steps[0]
+	gw, g, _ := pairOptions(t, Options{Gate: gate.New(gate.Options{Sandbox: "test"}), WindowBudget: first.window - windowSmall})
 	bulk := func() (*windowed, *gonet.TCPConn) {
 		_, gc, w := guestConn(t, gw, g)
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			io.CopyN(io.Discard, gc, bulkAfter+(64<<10))
+			io.CopyN(io.Discard, gc, first.after+(64<<10))
 		}()
 		buf := make([]byte, 64<<10)
-		for sent := 0; sent < bulkAfter+(64<<10); sent += len(buf) {
+		for sent := int64(0); sent < first.after+(64<<10); sent += int64(len(buf)) {
 			w.SetWriteDeadline(time.Now().Add(10 * time.Second))
 			if _, err := w.Write(buf); err != nil {
 				t.Fatal(err)
@@ -171,26 +172,26 @@ func TestBulkWindowsComeFromTheBudget(t *testing.T) {
 		return w, gc
 	}
 	sndBuf := func(w *windowed) int64 { return w.ep.SocketOptions().GetSendBufferSize() }
-	first, _ := bulk()
+	one, _ := bulk()
 	second, _ := bulk()
-	if got := sndBuf(first); got != windowBulk {
-		t.Errorf("the first bulk connection's send buffer is %d KiB, want %d KiB", got>>10, windowBulk>>10)
+	if got := sndBuf(one); got != first.window {
+		t.Errorf("the first bulk connection's send buffer is %d KiB, want %d KiB", got>>10, first.window>>10)
 	}
 	if got := sndBuf(second); got != windowSmall {
 		t.Errorf("the second, with the budget spent: %d KiB, want %d KiB", got>>10, windowSmall>>10)
 	}
-	first.Close()
+	one.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for ctx.Err() == nil && gw.win.left.Load() != windowBulk-windowSmall {
+	for ctx.Err() == nil && gw.win.left.Load() != first.window-windowSmall {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if left := gw.win.left.Load(); left != windowBulk-windowSmall {
-		t.Errorf("after the first closed, the budget has %d bytes left, want %d", left, windowBulk-windowSmall)
+	if left := gw.win.left.Load(); left != first.window-windowSmall {
+		t.Errorf("after the first closed, the budget has %d bytes left, want %d", left, first.window-windowSmall)
 	}
 	second.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	second.Write([]byte("x"))
-	if got := sndBuf(second); got != windowBulk {
-		t.Errorf("the second, once the budget came back: %d KiB, want %d KiB", got>>10, windowBulk>>10)
+	if got := sndBuf(second); got != first.window {
+		t.Errorf("the second, once the budget came back: %d KiB, want %d KiB", got>>10, first.window>>10)
 	}
 }
