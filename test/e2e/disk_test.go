@@ -243,3 +243,20 @@ func TestDiskFromUnlimited(t *testing.T) {
 		t.Errorf("back to unlimited: exit %d, stderr:\n%s", r.code, r.stderr)
 	}
 }
+
+// guestLayer is the running sandbox's writable layer as the host can read
+// it: its disk image's mount, through the shim's /proc/PID/root (the
+// mount is in the shim's namespace only); "" when no shim of it runs.
+// Searches of the host's disk use it instead of disk.img, which scanTree
+// skips: the image is sparse, as large as the sandbox's limit, and the
+// guest's last writes may still be in its mount's page cache.
+func guestLayer(state string) string {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	want := "__shim\x00" + filepath.Join(state, "shim.json") + "\x00"
+	for _, f := range cmdlines {
+		if b, err := os.ReadFile(f); err == nil && strings.HasSuffix(string(b), want) {
+			return filepath.Join(filepath.Dir(f), "root", state, "disk")
+		}
+	}
+	return ""
+}

@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"errors"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -123,16 +122,16 @@ func TestEnvAndHooks(t *testing.T) {
 	})
 
 	t.Run("canary_nowhere_on_disk", func(t *testing.T) {
-		for _, root := range []string{moatHome, dir} {
-			filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-				if err != nil || !d.Type().IsRegular() {
-					return nil
-				}
-				if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(canary)) {
-					t.Errorf("the [env] value is on disk in %s", p)
-				}
-				return nil
-			})
+		roots := []string{moatHome, dir}
+		layer := guestLayer(filepath.Join(moatHome, "state", "sandboxes", name))
+		if layer == "" {
+			t.Errorf("no running shim of %s: its writable layer would go unsearched", name)
+		}
+		for _, root := range append(roots, layer) {
+			_, _, hits := scanTree(t, root, map[string]string{"the [env] value": canary})
+			for _, h := range hits {
+				t.Error(h)
+			}
 		}
 	})
 }
