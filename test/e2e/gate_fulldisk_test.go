@@ -25,7 +25,9 @@ func TestGateFullDisk(t *testing.T) {
 	n := inet.Start(t)
 	n.SetA("allowed.test", allowedIP)
 	web := n.HTTP(t, allowedIP, 80, nil)
-	g := newGateEnv(t, n, "fulldisk", "[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\n")
+	// disk = "unlimited": the writable layer in the state directory, not
+	// an image the small filesystem has no room for.
+	g := newGateEnv(t, n, "fulldisk", "[sandbox]\ndisk = \"unlimited\"\n[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\n")
 	g.env = append(g.env, "MOAT_HOME="+home)
 	g.state = filepath.Join(home, "state", "sandboxes", "fulldisk")
 	var filler string
