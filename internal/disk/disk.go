@@ -135,6 +135,9 @@ type Superblock struct {
 	Blocks         uint64
 	FreeBlocks     uint64
 	OverheadBlocks uint64 // journal, bitmaps, inode tables; 0 when mke2fs did not record it
+	// Errors: the kernel found the filesystem inconsistent (an I/O error,
+	// as when the host's own disk filled under the sparse image).
+	Errors bool
 }
 
 // SuperblockOffset is where the superblock starts in the image; it is
@@ -164,6 +167,7 @@ func ParseSuperblock(b []byte) (Superblock, error) {
 		Blocks:         uint64(le.Uint32(b[0x4:])),
 		FreeBlocks:     uint64(le.Uint32(b[0xC:])),
 		OverheadBlocks: uint64(le.Uint32(b[0x248:])),
+		Errors:         le.Uint16(b[0x3A:])&0x2 != 0, // s_state & EXT2_ERROR_FS
 	}
 	const incompat64bit = 0x80
 	if le.Uint32(b[0x60:])&incompat64bit != 0 {

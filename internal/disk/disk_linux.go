@@ -56,9 +56,21 @@ func FreeBytes(dir string) (uint64, error) {
 // templates is a directory of pristine images by size (see create); ""
 // makes each image with mkfs.ext4.
 func Prepare(stateDir string, want uint64, templates string) (Action, uint64, error) {
-	img, _, err := ReadImage(stateDir)
+	img, sb, err := ReadImage(stateDir)
 	if err != nil {
 		return Keep, 0, err
+	}
+	// The image is sparse: if the host's filesystem filled up anyway
+	// (other writers), its blocks could not be allocated, the guest's
+	// filesystem saw I/O errors and the kernel marked it. Repaired before
+	// it is mounted again, rather than left to fail the guest later.
+	if img.Exists && sb.Errors {
+		if err := run("e2fsck", "-f", "-y", filepath.Join(stateDir, ImageName)); err != nil && !exitedWith(err, 1) {
+			return Keep, 0, fmt.Errorf("repairing the sandbox's disk image: %w", err)
+		}
+		if img, _, err = ReadImage(stateDir); err != nil {
+			return Keep, 0, err
+		}
 	}
 	var def uint64
 	if !img.Exists && want == 0 {

@@ -109,3 +109,28 @@ func TestPrepareFromTemplate(t *testing.T) {
 		t.Errorf("template inodes %v: want the first reused and the broken one made again", inodes)
 	}
 }
+
+// TestPrepareRepairs: an image the kernel marked as having errors is
+// checked and repaired before it is mounted again.
+func TestPrepareRepairs(t *testing.T) {
+	if _, err := exec.LookPath("debugfs"); err != nil {
+		t.Skip("debugfs not installed (e2fsprogs); scripts/setup.sh installs it")
+	}
+	dir := t.TempDir()
+	if _, _, err := Prepare(dir, 64*mib, ""); err != nil {
+		t.Fatal(err)
+	}
+	img := filepath.Join(dir, ImageName)
+	if out, err := exec.Command("debugfs", "-w", "-R", "ssv state 3", img).CombinedOutput(); err != nil {
+		t.Fatalf("debugfs: %v\n%s", err, out)
+	}
+	if _, sb, err := ReadImage(dir); err != nil || !sb.Errors {
+		t.Fatalf("the error flag did not stick: %+v %v", sb, err)
+	}
+	if act, _, err := Prepare(dir, 0, ""); act != Keep || err != nil {
+		t.Fatalf("Prepare = %v %v", act, err)
+	}
+	if _, sb, err := ReadImage(dir); err != nil || sb.Errors {
+		t.Errorf("after Prepare the image still has errors: %+v %v", sb, err)
+	}
+}

@@ -3,6 +3,7 @@ package disk
 import (
 	"encoding/binary"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -73,6 +74,7 @@ func superblock(logBS uint32, blocks, free uint64, overhead uint32, is64 bool) [
 	le.PutUint32(b[0x18:], logBS)
 	le.PutUint16(b[0x38:], 0xEF53)
 	le.PutUint32(b[0x248:], overhead)
+	le.PutUint16(b[0x3A:], 1) // EXT2_VALID_FS
 	if is64 {
 		le.PutUint32(b[0x60:], 0x80)
 		le.PutUint32(b[0x150:], uint32(blocks>>32))
@@ -89,6 +91,12 @@ func highWords(b []byte) []byte {
 	return b
 }
 
+// errorsFlagged sets EXT2_ERROR_FS in s_state.
+func errorsFlagged(b []byte) []byte {
+	binary.LittleEndian.PutUint16(b[0x3A:], 3)
+	return b
+}
+
 func TestParseSuperblock(t *testing.T) {
 	tests := []struct {
 		name string
@@ -102,6 +110,7 @@ func TestParseSuperblock(t *testing.T) {
 		{"1 KiB blocks", superblock(0, 1000, 500, 100, false), 400 * 1024, nil},
 		{"64-bit counts", superblock(2, 1<<33, 1<<32, 0, true), (1 << 32) * 4096, nil},
 		{"high words ignored without 64bit", highWords(superblock(2, 100, 50, 0, false)), 50 * 4096, nil},
+		{"errors flagged", errorsFlagged(superblock(2, 1000, 900, 0, false)), 100 * 4096, nil},
 		{"bad magic", make([]byte, SuperblockSize), 0, ErrNotExt4},
 		{"short", superblock(2, 1, 1, 0, false)[:512], 0, ErrNotExt4},
 		{"huge block size", superblock(12, 1, 1, 0, false), 0, ErrNotExt4},
@@ -115,6 +124,9 @@ func TestParseSuperblock(t *testing.T) {
 		}
 		if err == nil && sb.UsedBytes() != tt.used {
 			t.Errorf("%s: UsedBytes() = %d, want %d", tt.name, sb.UsedBytes(), tt.used)
+		}
+		if wantErrs := strings.Contains(tt.name, "errors"); err == nil && sb.Errors != wantErrs {
+			t.Errorf("%s: Errors = %v, want %v", tt.name, sb.Errors, wantErrs)
 		}
 	}
 }
