@@ -11,7 +11,7 @@ import (
 	"moat.dev/moat/internal/testfs"
 )
 
-// ATTACKS 28, a full disk: when records cannot be written, or the disk is
+// threat model 28, a full disk: when records cannot be written, or the disk is
 // about to refuse them, the log says so (Failing), for as long as that
 // lasts, and recovers on its own once there is room again. On a real
 // filesystem that fills: a 2 MiB tmpfs.

@@ -17,7 +17,7 @@ import (
 // repository, not the user's own config.toml) asks for that reaches
 // beyond what the user's own policy gives a sandbox. A repository must not
 // be able to widen the user's policy, nor read host files outside the
-// workspace, without the user's consent (ATTACKS 29):
+// workspace, without the user's consent (threat model 29):
 //
 //   - secrets read the host's environment, files or commands and send the
 //     result to hosts the file names (from = "file:~/.ssh/id_ed25519" with

@@ -315,7 +315,7 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 	if _, err := os.Stat(e.runsc); err != nil {
 		return nil, codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
 	}
-	// Admission (issue 6): refuse a sandbox that does not fit in RAM; the
+	// Admission: refuse a sandbox that does not fit in RAM; the
 	// host-wide lock is held until the new daemon counts as running.
 	release, err := e.admit(dir)
 	if err != nil {

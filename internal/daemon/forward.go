@@ -25,7 +25,7 @@ import (
 	"moat.dev/moat/internal/state"
 )
 
-// Port forwards (issue 7, parts 1 and 2), both directions, live.
+// Port forwards, both directions, live.
 //
 // Host → guest: a listener on the host (127.0.0.1 unless the user named an
 // address) whose every connection is dialed to the guest's port through

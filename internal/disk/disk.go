@@ -3,8 +3,8 @@
 // Without it the guest's writes (its home, /tmp, what apt installs) went
 // straight to the filesystem that holds moat's state, and one agent
 // writing into its home filled that filesystem to 100%: every other
-// sandbox on it then failed closed, and the host's own services with it
-// (issue 17). Each sandbox now keeps its writable layer in its own ext4
+// sandbox on it then failed closed, and the host's own services with it.
+// Each sandbox now keeps its writable layer in its own ext4
 // filesystem image, disk.img in its state directory, loop-mounted by the
 // shim under disk/ (upper/, work/ and, for the host image, root/). The
 // guest sees ENOSPC in its own filesystem when the image is full; the

@@ -14,7 +14,7 @@
 // but TCP ports 1-65535. The daemon's control socket is a unix socket, so
 // no forward can name it. The gateway's other ports stay refused, and the
 // refusal is audited, so the guest can never reach the host's loopback
-// as a whole (ATTACKS: internal targets).
+// as a whole (threat model 18-22).
 package forward
 
 import (

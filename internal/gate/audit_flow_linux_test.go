@@ -14,7 +14,7 @@ import (
 	"moat.dev/moat/internal/testfs"
 )
 
-// Issue 17: a connection allowed before the disk filled and ending while
+// Threat model 37: a connection allowed before the disk filled and ending while
 // it was full lost its record, written only at its end. Its decision is
 // now on record while it is open, and its end, written into the log's
 // reserve, is whole: start and end share a flow id. On a 2 MiB tmpfs,

@@ -13,7 +13,7 @@ import (
 	"moat.dev/moat/internal/testfs"
 )
 
-// ATTACKS 28, a full disk: while the audit log cannot be written the gate
+// threat model 28, a full disk: while the audit log cannot be written the gate
 // lets nothing through (connections refused, names denied, so never asked
 // upstream), and once there is room again it decides as before.
 func TestNothingThroughWhileTheAuditLogFails(t *testing.T) {

@@ -3,8 +3,8 @@ package gate
 import (
 	"bufio"
 	"compress/gzip"
-	"crypto/sha1"
 	"context"
+	"crypto/sha1"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"

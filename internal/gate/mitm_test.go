@@ -613,7 +613,7 @@ func TestInterceptCarriesWebSocket(t *testing.T) {
 
 func TestInterceptRefusesDomainFronting(t *testing.T) {
 	// other.test is allowed too: fronting is refused because the names
-	// differ, not because the second one is denied (ATTACKS 11).
+	// differ, not because the second one is denied (threat model 11).
 	f := newMITMFixture(t, []string{"api.test", "other.test"}, func(o *Options) { o.Inspect = true })
 	for _, h2 := range []bool{false, true} {
 		c := f.client(t, h2, f.roots)
@@ -694,7 +694,7 @@ func TestDeniedSNIGetsThePageOverTLS(t *testing.T) {
 
 func TestInterceptedNameRebindingToPrivateIsRefused(t *testing.T) {
 	// The upstream leg dials like a spliced flow: an allowed name that
-	// resolves to a private address gets nothing (ATTACKS 16, 18–20).
+	// resolves to a private address gets nothing (threat model 16, 18–20).
 	f := newMITMFixture(t, []string{"rebind.test"}, func(o *Options) { o.Inspect = true })
 	f.dns.mu.Lock()
 	f.dns.a["rebind.test"] = "10.1.2.3"
@@ -856,7 +856,7 @@ func TestInterceptSwapsSecretOnlyForItsHost(t *testing.T) {
 			host, wantUpstream string
 		}{
 			{"api.test", "Bearer " + canary}, // bound: swapped
-			{"open.test", "Bearer " + ph},    // not bound: stays a placeholder (ATTACKS 24)
+			{"open.test", "Bearer " + ph},    // not bound: stays a placeholder (threat model 24)
 		} {
 			req, _ := http.NewRequest("GET", "https://"+tc.host+"/echo", nil)
 			req.Header.Set("Authorization", "Bearer "+ph)
@@ -870,7 +870,7 @@ func TestInterceptSwapsSecretOnlyForItsHost(t *testing.T) {
 				t.Errorf("h2=%v %s: upstream got %q, want %q", h2, tc.host, got[len(got)-1], tc.wantUpstream)
 			}
 			// The upstream echoed what it got; the guest gets the
-			// placeholder back, never the value (ATTACKS 23).
+			// placeholder back, never the value (threat model 23).
 			if strings.Contains(string(body), canary) || strings.Contains(fmt.Sprint(resp.Header), canary) {
 				t.Errorf("h2=%v %s: the value reached the guest: %q %v", h2, tc.host, body, resp.Header)
 			}
@@ -1012,7 +1012,7 @@ func TestPlainHTTPToBoundOrRuledHost(t *testing.T) {
 		want   int
 		reason string
 	}{
-		// A bound host gets nothing in the clear (ATTACKS 25).
+		// A bound host gets nothing in the clear (threat model 25).
 		{"GET /echo HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer x\r\n\r\n", 403, "only sent over TLS"},
 		{"POST /echo HTTP/1.1\r\nHost: rules.test\r\nContent-Length: 0\r\n\r\n", 403, `rules.test with POST /echo (port 80): blocked by project rule "GET rules.test/*".
 To allow it, run on the host:

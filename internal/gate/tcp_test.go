@@ -290,7 +290,7 @@ func TestTLSDialsWhatTheSNIResolvesTo(t *testing.T) {
 	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	f := newFixture(t, map[string]string{"allowed.test": a}, []string{"allowed.test", a}, nil)
-	// An allowed SNI sent to an attacker's address (ATTACKS 9).
+	// An allowed SNI sent to an attacker's address (threat model 9).
 	r := f.flow(t, "198.51.100.66:443")
 	tc := tls.Client(r.guest, &tls.Config{ServerName: "allowed.test", InsecureSkipVerify: true})
 	tc.SetDeadline(time.Now().Add(5 * time.Second))
@@ -387,7 +387,7 @@ func mustRules(t *testing.T, a policy.Action, entries ...string) []policy.Rule {
 
 func TestAllowedNameToPrivateAddressIsRefused(t *testing.T) {
 	// A name rule never opens loopback or private space: rebinding an
-	// allowed name to an internal address gets nothing (ATTACKS 16, 18–20).
+	// allowed name to an internal address gets nothing (threat model 16, 18–20).
 	f := newFixture(t, map[string]string{"rebind.test": "10.1.2.3", "meta.test": "169.254.169.254"}, []string{"rebind.test", "meta.test"}, nil)
 	for _, name := range []string{"rebind.test", "meta.test"} {
 		r := f.flow(t, "198.51.100.66:80")

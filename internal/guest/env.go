@@ -12,7 +12,7 @@ package guest
 // the system bundle init completed (its roots plus the CA), and are left
 // unset when there is none, because a file with the CA alone would make
 // every host the gate splices untrusted. SSL_CERT_FILE is never set, for
-// the same reason (DESIGN §5).
+// the same reason (docs/credentials.md).
 func sessionEnv(base []string, caFile string, t trust) []string {
 	var env []string
 	if caFile != "" {

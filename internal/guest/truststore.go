@@ -19,7 +19,7 @@ import (
 	"moat.dev/moat/internal/tlsca"
 )
 
-// The guest trusts the sandbox CA through its system store (DESIGN §5), so
+// The guest trusts the sandbox CA through its system store (docs/credentials.md), so
 // that curl, git, Go, Python's ssl and everything else built on OpenSSL or
 // the distribution's bundle accept the gate's leaves without configuration.
 // Init writes the store itself, at every start: images need not ship

@@ -485,7 +485,7 @@ func TestSessionEnv(t *testing.T) {
 			}
 			for _, kv := range got {
 				if strings.HasPrefix(kv, "SSL_CERT_FILE=") {
-					t.Errorf("sets %s (DESIGN §5)", kv)
+					t.Errorf("sets %s (docs/credentials.md)", kv)
 				}
 			}
 		})

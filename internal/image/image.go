@@ -7,7 +7,7 @@
 // overlayfs understands, and records what the image is (its layers, its entrypoint, its environment)
 // so the runtime can build a bundle without touching the network again.
 //
-// Image layers are hostile input (ATTACKS.md item 33): a layer is a tar file written by whoever built
+// Image layers are hostile input (threat model 33): a layer is a tar file written by whoever built
 // the image, and unpacking it runs as root on the host. Every entry is therefore placed with
 // openat(2) walks that never follow a symlink, names are confined to the layer root, device nodes are
 // refused, and any refusal fails the whole import without leaving a partial layer behind. See

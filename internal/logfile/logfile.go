@@ -5,7 +5,7 @@
 // and runsc.log takes the shim's, runsc's and the guest console's: all of
 // it at the guest's pace (a hook printing in a loop, a guest root writing
 // to its init's stdout). Unbounded, one guest could fill the host's disk
-// through them as it could through its writable layer (issue 17). A
+// through them as it could through its writable layer. A
 // Writer rotates instead: when a write would take the file past its bound,
 // the file becomes NAME.1 (replacing the previous NAME.1) and a new one is
 // started, so a log takes at most twice its bound and keeps its most

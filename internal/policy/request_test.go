@@ -199,7 +199,7 @@ func TestRequestMethodCase(t *testing.T) {
 }
 
 // TestRequestPathBypass: spellings of a path that servers read alike
-// must be matched alike (ATTACKS 13); where servers differ, blocks
+// must be matched alike (threat model 13); where servers differ, blocks
 // match and allows do not widen.
 func TestRequestPathBypass(t *testing.T) {
 	p := compile(t,

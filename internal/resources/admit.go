@@ -23,7 +23,7 @@ type Running struct {
 func (r Running) total() uint64 { return r.CeilingBytes + r.DaemonBytes }
 
 // minReserveBytes and the quarter of RAM: the host keeps max(RAM/4, 3 GiB)
-// for itself (the desktop, the editor, the build outside), per DESIGN §8.
+// for itself (the desktop, the editor, the build outside).
 const minReserveBytes = 3 << 30
 
 // Reserve is the host reserve for a host of ramBytes.

@@ -151,7 +151,7 @@ func RunscArgs(stateDir string, debug bool) []string {
 		"--network=sandbox",  // gVisor's netstack owns tap0; the host kernel routes nothing
 		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
 		"--ignore-cgroups",   // dropped when moat made the sandbox's cgroup (Plan.runscArgs)
-		"--host-uds=none",    // no host unix sockets reachable (ATTACKS 8)
+		"--host-uds=none",    // no host unix sockets reachable (threat model 8)
 		"--allow-suid",       // sudo in the guest: it elevates to root of the guest kernel only
 		"--log-format=text",
 		// tap0's frames go to the daemon through a local fd: no queueing

@@ -324,7 +324,7 @@ func overlay(lower, upper, work, target string) error {
 func createTAP() (int, error) {
 	// No IPv6 in the sandbox's namespace: otherwise the kernel gives tap0
 	// a link-local fe80:: address, gVisor copies it into the guest, and the
-	// guest has an IPv6 path the gate never meant to offer (ATTACKS 5).
+	// guest has an IPv6 path the gate never meant to offer (threat model 5).
 	// The gate drops IPv6 frames anyway; this keeps the guest from trying.
 	for _, k := range []string{"default", "all"} {
 		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0)

@@ -279,4 +279,3 @@ func FuzzScrubEncodings(f *testing.F) {
 		}
 	})
 }
-

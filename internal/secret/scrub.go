@@ -11,7 +11,7 @@ import (
 )
 
 // Scrubbing replaces every value with its placeholder in what comes back
-// from an upstream (ATTACKS 23: a server that echoes the request, an
+// from an upstream (threat model 23: a server that echoes the request, an
 // error page that quotes the credential it refused): header names and
 // values, bodies, trailers, 1xx responses. A value is looked for in
 // these forms:

@@ -207,7 +207,7 @@ func TestScrubBodyDoesNotDelay(t *testing.T) {
 		{"data: one\n\n", "data: one\n\n"},
 		{"data: " + canary + "\n\n", "data: " + ph + "\n\n"},
 		{"data: " + canary + ".", "data: " + ph + "."}, // whole, and no form starts with "."
-		{"!" + canary[:10], "!"}, // may be the start of the value: held
+		{"!" + canary[:10], "!"},                       // may be the start of the value: held
 		{canary[10:] + "\n\n", ph + "\n\n"},
 		{strings.Repeat(" ", 100) + canary[:len(canary)-1], strings.Repeat(" ", 100)},
 		{"!", canary[:len(canary)-1] + "!"},

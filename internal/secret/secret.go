@@ -8,8 +8,8 @@
 // It exists because an agent holding a real API key can send it to any
 // host it may reach, or print it into a log that leaves the machine. A
 // placeholder is worthless anywhere but on the way to the bound hosts,
-// and there only the gate turns it into the credential (DESIGN §5,
-// ATTACKS 23-26).
+// and there only the gate turns it into the credential (docs/credentials.md,
+// threat model 23-26).
 //
 // Values are read on the host (Resolve, Refresh) and live only in this
 // process's memory. Nothing here formats a value: Set prints as

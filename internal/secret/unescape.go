@@ -264,20 +264,20 @@ func isLowerHex(c byte) bool { return c >= 'a' && c <= 'f' }
 // file) and replaces them, leftmost first and, among patterns matching
 // at the same byte, longest first.
 type escMatcher struct {
-	pats     []pattern
-	byFirst  [256][]int // patterns by their first byte
+	pats    []pattern
+	byFirst [256][]int // patterns by their first byte
 	// by2 indexes patterns by their first two bytes, and has2 says which
 	// pairs it holds: a start is tried against the few patterns that
 	// begin with what its first two units decode to, not every pattern
 	// with its first byte (a value's base64 forms share their first
 	// characters by the dozen).
-	by2  map[uint16][]int
-	has2 [1 << 16 / 64]uint64
-	maxLen   int        // longest pattern
-	maxSpan  int        // longest text a pattern's escaped form can take
-	canStart [256]bool  // bytes a match can start with
-	specials []byte     // escapeStarts, and "+" when a pattern has a space
-	plus     bool       // some pattern has a space, which "+" may stand for
+	by2      map[uint16][]int
+	has2     [1 << 16 / 64]uint64
+	maxLen   int       // longest pattern
+	maxSpan  int       // longest text a pattern's escaped form can take
+	canStart [256]bool // bytes a match can start with
+	specials []byte    // escapeStarts, and "+" when a pattern has a space
+	plus     bool      // some pattern has a space, which "+" may stand for
 }
 
 func newEscMatcher(pats []pattern) *escMatcher {

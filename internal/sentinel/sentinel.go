@@ -4,7 +4,7 @@
 // settings files, direnv's .envrc, devcontainer definitions. The guest may
 // write all of them (the workspace is shared read-write so the agent can
 // work), and the next `git commit` or editor start on the host would run
-// what it wrote, outside the sandbox (ATTACKS 32).
+// what it wrote, outside the sandbox (threat model 32).
 //
 // moat cannot forbid those writes without breaking ordinary work (an agent
 // that installs a pre-commit hook is doing its job), so it records what

@@ -2,7 +2,7 @@
 // the host's agent ($SSH_AUTH_SOCK) that shows and signs with only the keys
 // the configuration lists, by SHA256 fingerprint or by comment. The keys
 // themselves never leave the host's agent; the guest gets signatures, and
-// only from the listed keys (ATTACKS 27). Everything that would change the
+// only from the listed keys (threat model 27). Everything that would change the
 // host's agent (adding, removing, locking) is refused.
 //
 // The daemon serves a Filter on every agent channel the guest opens

@@ -1,5 +1,5 @@
 // Package testfs gives tests a small real filesystem that they can fill up,
-// for what must happen on a full disk (ATTACKS.md 28). It needs root, as
+// for what must happen on a full disk (threat model 28). It needs root, as
 // ./scripts/test.sh has; without it the test is skipped, saying why.
 package testfs
 

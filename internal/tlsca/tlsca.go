@@ -1,7 +1,7 @@
 // Package tlsca is a sandbox's own certificate authority: the gate presents
 // leaves it mints when it must read a guest's TLS (a host with a bound
 // secret, method/path rules, or inspect = true), and the guest trusts it
-// through its system store (see DESIGN §5).
+// through its system store (docs/credentials.md).
 //
 // One CA per sandbox, not one per host user, so that a key leaked from one
 // sandbox's state cannot impersonate hosts to any other sandbox. Its key

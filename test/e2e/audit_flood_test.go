@@ -1,6 +1,6 @@
 package e2e
 
-// Issue 17, parts 3 and 4: the audit keeps what matters through a flood of refusals, and a
+// Threat model 37: the audit keeps what matters through a flood of refusals, and a
 // connection that ends while the disk is full keeps its decision on record, with no torn line.
 
 import (
@@ -22,8 +22,8 @@ import (
 )
 
 const (
-	// floodFor is how long the guest floods. The issue's attack flooded for a minute against
-	// the default 64 MiB, which rotated every earlier record away. Here the audit's bound is
+	// floodFor is how long the guest floods. The attack this answers flooded for a minute
+	// against the old default of 64 MiB, which rotated every earlier record away. Here the audit's bound is
 	// 1 MiB, 64 times smaller, so 20 s of the same flood is far more of it than the attack's
 	// minute was of 64 MiB: the same pressure, and CI stays quick.
 	floodFor = 20 * time.Second

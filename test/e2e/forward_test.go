@@ -1,6 +1,6 @@
 package e2e
 
-// Port forwards both ways (issue 7, parts 1 and 2) through the real CLI, daemon, netstack and
+// Port forwards both ways through the real CLI, daemon, netstack and
 // guest: a server in the guest reached from the host through `moat forward add` without a
 // restart, closed by `remove`, listening on 127.0.0.1 only; a server on the host's 127.0.0.1
 // reached from the guest only on the listed reverse port, any other gateway port refused and

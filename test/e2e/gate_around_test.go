@@ -1,6 +1,6 @@
 package e2e
 
-// Going around the gate (ATTACKS 1-8): subtests of TestGate (gate_test.go has the sandbox,
+// Going around the gate (threat model 1-8): subtests of TestGate (gate_test.go has the sandbox,
 // the servers and the leak check every subtest runs under). Each runs its attempts in as few
 // guest sessions as it can (see script).
 
@@ -273,7 +273,7 @@ func (g *gateEnv) attack06(t *testing.T) {
 	if h := headerValue(c[0].headers, "X-Moat-Denied"); !strings.Contains(h, "evil.test") {
 		t.Errorf("X-Moat-Denied: want it to name evil.test, got %q\n%s", h, c[0].headers)
 	}
-	// HTTPS to a denied host: since the gate can terminate TLS (issue 4), the refusal is the
+	// HTTPS to a denied host: since the gate can terminate TLS, the refusal is the
 	// same readable page over TLS, from the sandbox CA the guest trusts; never the host's answer.
 	curlDenied(t, c[1])
 	if c[1].exit == 0 && (c[1].status != "403" || !strings.Contains(c[1].body, want)) {

@@ -1,6 +1,6 @@
 package e2e
 
-// DNS (ATTACKS 14-17): subtests of TestGate (gate_test.go has the sandbox, the servers and
+// DNS (threat model 14-17): subtests of TestGate (gate_test.go has the sandbox, the servers and
 // the leak check, which also reads the upstream DNS server's query log after every subtest).
 
 import (

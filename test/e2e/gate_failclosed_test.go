@@ -1,6 +1,6 @@
 package e2e
 
-// The gate fails closed (ATTACKS 28, the parts the gate's issue names): a daemon killed in
+// The gate fails closed (threat model 28): a daemon killed in
 // the middle of a transfer takes the guest's network, and the guest, with it; a policy that
 // does not parse, or names a policy that does not exist, starts no sandbox at all.
 

@@ -14,7 +14,7 @@ import (
 	"moat.dev/moat/test/inet"
 )
 
-// TestGateFullDisk is ATTACKS 28's full disk on the real data path: a
+// TestGateFullDisk is threat model 28's full disk on the real data path: a
 // sandbox whose state (its audit log among it) lives on a small filesystem.
 // Filled up, the gate lets nothing through that it could not record: the
 // guest's request to an allowed host is refused promptly and never reaches

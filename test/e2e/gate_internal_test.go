@@ -1,6 +1,6 @@
 package e2e
 
-// Internal targets (ATTACKS 18-22): subtests of TestGate (gate_test.go has the sandbox, the
+// Internal targets (threat model 18-22): subtests of TestGate (gate_test.go has the sandbox, the
 // servers and the leak check every subtest runs under). Every internal address here has a
 // real server in the test internet, so a leak would be counted, not just time out.
 

@@ -1,6 +1,6 @@
 package e2e
 
-// Name versus destination (ATTACKS 9-13, without TLS termination): subtests of TestGate
+// Name versus destination (threat model 9-13, without TLS termination): subtests of TestGate
 // (gate_test.go has the sandbox, the servers and the leak check every subtest runs under).
 
 import (

@@ -1,7 +1,7 @@
 package e2e
 
-// End-to-end tests of the egress gate (DESIGN §4, ATTACKS.md "Going around the gate", "Name
-// versus destination", "DNS", "Internal targets"), through the built moat binary exactly as a
+// End-to-end tests of the egress gate (docs/network.md; threat model 1-22:
+// going around the gate, name versus destination, DNS, internal targets), through the built moat binary exactly as a
 // user types it, against a real guest and the real gate. The upstream world is test/inet: a
 // network namespace holding the servers below, and the DNS server the gate is pointed at with
 // MOAT_UPSTREAM_DNS. Nothing here talks to anything but loopback and that namespace.
@@ -204,7 +204,7 @@ func (g *gateEnv) daemonLog() string {
 }
 
 // hostLANAddr is the host's own address on its default-route interface: the gate runs in the
-// host's namespace, so this is the "host's own LAN address" of ATTACKS 19.
+// host's namespace, so this is the "host's own LAN address" of threat model 19.
 func hostLANAddr(t *testing.T) string {
 	t.Helper()
 	addrs, err := net.InterfaceAddrs()
@@ -342,7 +342,7 @@ func dohHandler(answer string) http.Handler {
 
 // ---- the tests -----------------------------------------------------------------------------
 
-// TestGate runs the gate's behaviour and the ATTACKS.md lines 1-22 (without TLS termination)
+// TestGate runs the gate's behaviour and threat model 1-22 (without TLS termination)
 // against one sandbox whose policy is gateToml.
 func TestGate(t *testing.T) {
 	n := inet.Start(t)
@@ -394,7 +394,7 @@ func TestGate(t *testing.T) {
 	}
 }
 
-// The issue's "Allowed name": curl gets the page; the audit line says allow, with the rule
+// An allowed name: curl gets the page; the audit line says allow, with the rule
 // and the layer.
 func (g *gateEnv) testAllowedName(t *testing.T) {
 	m := g.mark(t)
@@ -429,7 +429,7 @@ func (g *gateEnv) testAllowedName(t *testing.T) {
 	}
 }
 
-// The issue's "Denied name": a pool address, never asked upstream (the DNS exfiltration
+// A denied name: a pool address, never asked upstream (the DNS exfiltration
 // test), refused at once, and in the ledger as name:port.
 func (g *gateEnv) testDeniedName(t *testing.T) {
 	m := g.mark(t)

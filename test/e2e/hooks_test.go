@@ -1,6 +1,6 @@
 package e2e
 
-// [env] and set-up hooks (issue 7, parts 4 and 5) through the real CLI, daemon and guest.
+// [env] and set-up hooks through the real CLI, daemon and guest.
 
 import (
 	"bytes"
@@ -203,7 +203,7 @@ func TestGuestClockIsHostClock(t *testing.T) {
 }
 
 // TestProjectConsent: a project file that widens the user's policy or reaches host files needs
-// the user's consent before a sandbox is made from it (ATTACKS 29); without a terminal, that is
+// the user's consent before a sandbox is made from it (threat model 29); without a terminal, that is
 // --trust-project.
 func TestProjectConsent(t *testing.T) {
 	dir := project(t, "consent-e2e")
@@ -235,7 +235,7 @@ func TestProjectConsent(t *testing.T) {
 
 // TestHostRunFilesFlagged: files in the workspace that the host runs without asking (git
 // hooks, git config, editor tasks) and that the guest changed are flagged by `moat status`
-// until the user accepts them (ATTACKS 32).
+// until the user accepts them (threat model 32).
 func TestHostRunFilesFlagged(t *testing.T) {
 	dir := project(t, "sentinel-e2e")
 	for _, d := range []string{".git/hooks", ".vscode"} {

@@ -1,6 +1,6 @@
 package e2e
 
-// The daemon's own cgroup (issue 17): everything moat runs for a sandbox
+// The daemon's own cgroup: everything moat runs for a sandbox
 // on the host lives in a memory-limited group, the daemon and its reaper
 // in the daemon group beside the sandbox's, the shim in the sandbox's;
 // destroy removes both; a daemon the kernel kills at its group's limit

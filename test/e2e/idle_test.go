@@ -1,6 +1,6 @@
 package e2e
 
-// Idle stop (issue 6, part 4) through the real daemon, with short knobs: samples every 200 ms,
+// Idle stop through the real daemon, with short knobs: samples every 200 ms,
 // stop after 1.2 s idle.
 
 import (

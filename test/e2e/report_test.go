@@ -1,6 +1,6 @@
 package e2e
 
-// Report mode and learning to a file (issue 5, parts 4 and 5): a sandbox in report mode lets
+// Report mode and learning to a file: a sandbox in report mode lets
 // through what its policy denies and audits it as would_deny; `moat network suggest` turns
 // the run into rules that, in enforce mode, let the same run pass.
 

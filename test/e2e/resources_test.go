@@ -1,6 +1,6 @@
 package e2e
 
-// Memory and CPU (issue 6): limits, the ceiling's OOM kill, pids_max and
+// Memory and CPU: limits, the ceiling's OOM kill, pids_max and
 // admission, through the real CLI, daemon, cgroups and gVisor.
 
 import (

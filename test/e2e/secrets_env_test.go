@@ -1,7 +1,7 @@
 package e2e
 
-// What moat leaves running keeps none of the user's environment (issue 16,
-// part 8): the daemon lives as long as the sandbox, and its initial
+// What moat leaves running keeps none of the user's environment (threat model
+// 23): the daemon lives as long as the sandbox, and its initial
 // environment stays readable in /proc/PID/environ all that time.
 
 import (

@@ -1,6 +1,6 @@
 package e2e
 
-// The guest's ssh-agent (issue 7, part 3; ATTACKS 27): a real ssh-agent on the host holds two
+// The guest's ssh-agent (threat model 27): a real ssh-agent on the host holds two
 // keys, the configuration allows one; in the guest, ssh-add lists only that one, ssh-keygen
 // signs with it through the agent, and cannot with the other.
 

@@ -1,6 +1,6 @@
 package e2e
 
-// The real OpenSSH client with `moat ssh-config` (issue 7, part 7): ssh, scp (sftp) and ssh -L
+// The real OpenSSH client with `moat ssh-config`: ssh, scp (sftp) and ssh -L
 // into a sandbox through its daemon.
 
 import (

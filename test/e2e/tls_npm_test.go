@@ -14,7 +14,7 @@ import (
 // claudePackage is Claude Code's npm package.
 const claudePackage = "@anthropic-ai/claude-code"
 
-// TestTLSNpmClaudePreset is issue 4's check against a real outside service: with the npm
+// TestTLSNpmClaudePreset checks TLS through the gate against a real outside service: with the npm
 // registry this host's npm uses reachable, `npm install -g` of Claude Code works inside a sandbox
 // through the gate, and `moat run claude -- --version` runs the installed agent. Like the
 // Debian test it runs wherever that registry answers and is skipped, saying why, where it does

@@ -1,7 +1,7 @@
 package e2e
 
-// End-to-end tests of TLS inspection and credentials (issue 4; DESIGN §5; ATTACKS.md
-// "Credentials"): real clients in a real guest, through the real gate, against upstreams in the
+// End-to-end tests of TLS inspection and credentials (docs/credentials.md;
+// threat model 23-26): real clients in a real guest, through the real gate, against upstreams in the
 // test internet that hold their own test CA, which the gate is told to trust.
 //
 // One sandbox carries every check (a start costs about a second). Its policy makes four kinds of
@@ -139,7 +139,7 @@ func randHex(t *testing.T, k int) string {
 	return hex.EncodeToString(b)
 }
 
-// TestTLS runs issue 4's "what must be shown" against one sandbox.
+// TestTLS runs the TLS inspection and credential checks against one sandbox.
 func TestTLS(t *testing.T) {
 	e := newTLSEnv(t)
 	for _, st := range []struct {
@@ -189,7 +189,7 @@ func fields(out string) map[string]string {
 	return m
 }
 
-// The issue: curl, git over HTTPS, node's fetch and python all reach an intercepted test
+// curl, git over HTTPS, node's fetch and python all reach an intercepted test
 // upstream without certificate errors, trusting only what the guest trusts by default.
 func (e *tlsEnv) testClients(t *testing.T) {
 	m := e.mark(t)
@@ -233,7 +233,7 @@ echo "SSL_CERT_FILE_CERTS=$(if [ -n "$SSL_CERT_FILE" ]; then grep -c 'BEGIN CERT
 	if f["NODE_CA"] == "unset" {
 		t.Errorf("the guest's sessions have no NODE_EXTRA_CA_CERTS")
 	}
-	// DESIGN §5: never a global SSL_CERT_FILE that holds only the sandbox's CA (it would make
+	// never a global SSL_CERT_FILE that holds only the sandbox's CA (it would make
 	// every other upstream untrusted to clients that read it).
 	if k := f["SSL_CERT_FILE_CERTS"]; k != "unset" && k != "" {
 		if c, _ := strconv.Atoi(k); c < 2 {

@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end test of [network] trust for a host the gate splices (issue 16, part 6): the gate
+// End-to-end test of [network] trust for a host the gate splices: the gate
 // verifies an upstream against the trust roots only when it terminates the connection; for a
 // spliced host the guest verifies the upstream's own certificate, so the roots must be in the
 // guest's trust stores too.

@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of the interactive gate (issue 5, part 1) through the real daemon and a
+// End-to-end tests of the interactive gate through the real daemon and a
 // real guest, with the test as the watcher over the documented control API (GET /v1/watch,
 // POST /v1/holds/{id}). The TUI's own end-to-end test drives the same daemon through a pty.
 

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestWorkspaceSymlinks is ATTACKS 31. Symlinks in the workspace that point outside it (by
+// TestWorkspaceSymlinks is threat model 31. Symlinks in the workspace that point outside it (by
 // absolute path, by ../, to a directory) resolve inside the guest's own filesystem, never to
 // the host's files: reading through them finds nothing of the host's, writing through them
 // creates nothing on the host. A workspace that is itself a symlink is the directory it

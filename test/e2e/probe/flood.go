@@ -1,6 +1,6 @@
 package main
 
-// flood is ATTACKS 30 from inside the guest: many connections that hold the gate's
+// flood is threat model 30 from inside the guest: many connections that hold the gate's
 // resources without ever giving it what it waits for (no request head, a head sent one byte
 // at a time, a head or a ClientHello far over the gate's bounds, idle DNS-over-TCP). Each
 // kind reports how many connections it opened, how many the gate closed, and when.
