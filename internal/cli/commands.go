@@ -385,6 +385,8 @@ type listEntry struct {
 	Gate     *control.GateStatus `json:"gate,omitempty"`
 	// Disk: the writable layer's use and limit (disk.go).
 	Disk *control.Disk `json:"disk,omitempty"`
+	// Platform: gVisor's platform, of a running sandbox.
+	Platform string `json:"platform,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -398,6 +400,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		defer cancel()
 		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
+			le.Platform = s.Platform
 			le.Warnings = s.Warnings
 			le.Resources = s.Resources
 			le.Activity, le.Gate = s.Activity, s.Gate
@@ -485,6 +488,9 @@ func newStatusCmd() *cobra.Command {
 				le.Name, stateText(le), le.Image, le.Workspace, le.Sessions, le.Denials, le.Name)
 			if !le.Started.IsZero() {
 				fmt.Fprintf(out, "started:    %s\n", le.Started.Format(time.RFC3339))
+			}
+			if le.Platform != "" {
+				fmt.Fprintf(out, "platform:   gVisor on %s\n", le.Platform)
 			}
 			printResources(out, le.Resources)
 			printDisk(out, le.Disk)

@@ -101,6 +101,9 @@ func daemonMain(dir string) int {
 		DiskLimit: cfg.Sandbox.DiskBytes, DiskUnlimited: cfg.Sandbox.DiskUnlimited, DiskFrom: cfg.Sandbox.DiskFrom,
 		DiskTemplates: filepath.Join(e.dirs.Cache, "disk"),
 	}
+	if plan.Platform, err = runtime.ChoosePlatform(cfg.Sandbox.Platform, runtime.HostKVM()); err != nil {
+		return fail(fmt.Errorf("sandbox.platform: %w", err))
+	}
 	// The workspace is a share like the others, read-write.
 	ws := config.Share{Path: rec.Workspace, Source: workspaceSource}
 	if err := checkShares(append([]config.Share{ws}, cfg.Shares...), e.dirs.State); err != nil {

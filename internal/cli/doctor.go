@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	"github.com/spf13/cobra"
+
+	"moat.dev/moat/internal/runtime"
 )
 
 // check is one thing moat needs from the host, and how to fix it.
@@ -45,6 +47,13 @@ func newDoctorCmd() *cobra.Command {
 				}, "apt-get install sudo"},
 			}
 			checks = append(checks, diskChecks()...)
+			checks = append(checks, check{"gVisor platform", func() (bool, string) {
+				// Informational: auto falls back to systrap, which always works.
+				if k := runtime.HostKVM(); !k.Usable {
+					return true, "systrap, as platform = \"auto\" chooses here: " + k.Why
+				}
+				return true, "kvm, as platform = \"auto\" chooses here"
+			}, ""})
 			bad := 0
 			for _, ch := range checks {
 				ok, detail := ch.ok()

@@ -146,6 +146,14 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 	if r.Disk != nil {
 		s.DiskBytes = c.disk("sandbox.disk", *r.Disk)
 	}
+	if r.Platform != nil {
+		switch *r.Platform {
+		case "auto", "systrap", "kvm":
+			s.Platform = r.Platform
+		default:
+			c.fail("sandbox.platform", "unknown platform %q; write \"auto\" (KVM where the host has it, else systrap), \"systrap\" or \"kvm\"", *r.Platform)
+		}
+	}
 	if r.IdleTimeout != nil {
 		d, err := parseIdle(*r.IdleTimeout)
 		if err != nil {

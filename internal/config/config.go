@@ -126,6 +126,9 @@ type Sandbox struct {
 	DiskBytes     uint64 `json:"disk_bytes,omitempty"`
 	DiskUnlimited bool   `json:"disk_unlimited,omitempty"`
 	DiskFrom      string `json:"disk_from,omitempty"`
+	// Platform is gVisor's platform as configured: "auto", "systrap" or
+	// "kvm"; "" is "auto" (runtime.ChoosePlatform).
+	Platform string `json:"platform,omitempty"`
 }
 
 // Share is a host path mounted into the guest.

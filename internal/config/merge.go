@@ -126,6 +126,8 @@ func (c *Config) mergeSandbox(f *File) {
 		c.Sandbox.DiskFrom = f.Path
 		set("sandbox.disk", true)
 	}
+	setVal(&c.Sandbox.Platform, s.Platform)
+	set("sandbox.platform", s.Platform != nil)
 	if s.IdleTimeout != nil {
 		c.Sandbox.IdleTimeout = *s.IdleTimeout
 		c.Sandbox.IdleOff = *s.IdleTimeout == 0

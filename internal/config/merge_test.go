@@ -55,6 +55,7 @@ cpus = 8
 pids_max = 100
 idle_timeout = "off"
 daemon_memory_max = "256MiB"
+platform = "systrap"
 `)
 	project := mustParse(t, projectPath, `
 [sandbox]
@@ -64,14 +65,16 @@ idle_timeout = "2h"
 `)
 	got := Merge(user, project).Sandbox
 	want := Sandbox{Name: "api", Image: "debian:bookworm", Runtime: "gvisor", CPUs: 2,
-		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleTimeout: 2 * time.Hour, DaemonMemoryMaxBytes: 256 << 20}
+		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleTimeout: 2 * time.Hour, DaemonMemoryMaxBytes: 256 << 20,
+		Platform: "systrap"}
 	if got != want {
 		t.Errorf("user+project:\ngot  %+v\nwant %+v", got, want)
 	}
 	// Order is precedence: the last file wins.
 	got = Merge(project, user).Sandbox
 	want = Sandbox{Name: "api", Image: "debian:bookworm", Runtime: "gvisor", CPUs: 8,
-		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleOff: true, DaemonMemoryMaxBytes: 256 << 20}
+		MemoryBytes: 1 << 30, MemoryMaxBytes: 4 << 30, PidsMax: 100, IdleOff: true, DaemonMemoryMaxBytes: 256 << 20,
+		Platform: "systrap"}
 	if got != want {
 		t.Errorf("project+user:\ngot  %+v\nwant %+v", got, want)
 	}

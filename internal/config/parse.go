@@ -61,6 +61,8 @@ type SandboxLayer struct {
 	// DiskBytes is 0 for "unlimited": no accepted size is below
 	// disk.MinBytes, so 0 cannot mean anything else.
 	DiskBytes *uint64
+	// Platform is gVisor's platform: "auto", "systrap" or "kvm".
+	Platform *string
 }
 
 // ParseFile reads and parses path. A missing file is an error wrapping
@@ -140,6 +142,7 @@ type rawSandbox struct {
 	IdleTimeout *string `toml:"idle_timeout"`
 	DaemonMax   *string `toml:"daemon_memory_max"`
 	Disk        *string `toml:"disk"`
+	Platform    *string `toml:"platform"`
 }
 
 type rawShare struct {
@@ -194,7 +197,7 @@ type rawHooks struct {
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
 	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit"},
-	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk"},
+	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk", "platform"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
 	"network":    {"use", "allow", "block", "inspect", "trust", "mode", "max_connections", "max_dns_queries", "max_holds"},
@@ -302,6 +305,7 @@ var wants = map[string]want{
 	// In its own block: one long key would realign the whole table.
 	"sandbox.daemon_memory_max": wantSize,
 	"sandbox.disk":              wantDisk,
+	"sandbox.platform":          wantString,
 
 	// The gate's per-sandbox bounds.
 	"network.max_connections": wantInt,

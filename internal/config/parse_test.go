@@ -258,6 +258,8 @@ func TestParseErrors(t *testing.T) {
 		{"runtime runc", "[sandbox]\nruntime = \"runc\"", []string{`2:11: sandbox.runtime: runtime "runc" is not supported yet`}},
 		{"runtime vm", `sandbox.runtime = "vm"`, []string{`runtime "vm" is not supported yet`}},
 		{"runtime unknown", `sandbox.runtime = "docker"`, []string{`unknown runtime "docker"; write "gvisor"`}},
+		{"platform unknown", "[sandbox]\nplatform = \"ptrace\"", []string{`2:12: sandbox.platform: unknown platform "ptrace"; write "auto"`}},
+		{"platform type", `sandbox.platform = 1`, []string{"sandbox.platform: expected a string"}},
 		{"cpus zero", "[sandbox]\ncpus = 0", []string{"2:8: sandbox.cpus: 0 is out of range; write a whole number of at least 1"}},
 		{"cpus negative", `sandbox.cpus = -2`, []string{"sandbox.cpus: -2 is out of range"}},
 		{"cpus huge", `sandbox.cpus = 99999999999999999999`, []string{"sandbox.cpus:", "too large"}},
@@ -359,7 +361,7 @@ func TestErrorFields(t *testing.T) {
 	if e.Key != "sandbox.imgae" || e.Line != 4 || e.Col != 1 {
 		t.Errorf("got %#v, want key sandbox.imgae at 4:1", e)
 	}
-	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout, daemon_memory_max, disk (did you mean "image"?)`
+	wantMsg := `moat.toml:4:1: unknown key "sandbox.imgae"; known keys in [sandbox]: name, image, runtime, cpus, memory, memory_max, pids_max, idle_timeout, daemon_memory_max, disk, platform (did you mean "image"?)`
 	if e.Error() != wantMsg {
 		t.Errorf("Error() = %q\nwant      %q", e.Error(), wantMsg)
 	}

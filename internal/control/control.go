@@ -60,6 +60,8 @@ type Status struct {
 	// Disk: the writable layer's use and limit; nil for a sandbox
 	// without a limit (disk = "unlimited").
 	Disk *Disk `json:"disk,omitempty"`
+	// Platform: gVisor's platform the sandbox runs on ("kvm", "systrap").
+	Platform string `json:"platform,omitempty"`
 }
 
 // Activity is what the idle stop measures.

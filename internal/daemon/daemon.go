@@ -556,7 +556,8 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec, _ := state.Load(d.o.Dir)
-	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef}
+	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef,
+		Platform: d.o.Plan.Platform}
 	if d.net != nil {
 		st.Denials = d.net.ledger.Total()
 		st.Warnings = d.net.policyWarnings()

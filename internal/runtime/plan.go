@@ -67,6 +67,8 @@ type Plan struct {
 	// PidsMax is also the guest's RLIMIT_NPROC, so a fork bomb of the
 	// agent user fails with EAGAIN inside the guest; 0: no limit.
 	PidsMax int `json:"pids_max,omitempty"`
+	// Platform is runsc's --platform (ChoosePlatform); "" is systrap.
+	Platform string `json:"platform,omitempty"`
 	// DiskLimit is [sandbox] disk in bytes, 0 when not set (a new image
 	// then gets disk.Default); DiskUnlimited is disk = "unlimited": no
 	// image, the writable layer directly in the state dir.
@@ -131,6 +133,13 @@ func ReadPlan(path string) (*Plan, error) {
 // sandbox has its own cgroup.
 func (p *Plan) runscArgs(debug bool) []string {
 	a := RunscArgs(p.StateDir, debug)
+	if p.Platform != "" {
+		for i, f := range a {
+			if f == "--platform="+PlatformSystrap {
+				a[i] = "--platform=" + p.Platform
+			}
+		}
+	}
 	if p.CgroupsPath == "" {
 		return a
 	}
@@ -147,7 +156,7 @@ func (p *Plan) runscArgs(debug bool) []string {
 func RunscArgs(stateDir string, debug bool) []string {
 	a := []string{
 		"--root=" + RunscRoot(stateDir),
-		"--platform=systrap", // no /dev/kvm on the machines moat targets first
+		"--platform=systrap", // Plan.Platform replaces it (ChoosePlatform)
 		"--network=sandbox",  // gVisor's netstack owns tap0; the host kernel routes nothing
 		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
 		"--ignore-cgroups",   // dropped when moat made the sandbox's cgroup (Plan.runscArgs)
