@@ -120,7 +120,8 @@ func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
 	}
 	// The lists as cached; only the running daemon fetches.
 	loaded := daemon.LoadLists(context.Background(), e.listCache(), cfg.Network, false)
-	rules, err := daemon.Rules(cfg.Network, e.dirs.UserConfig(), rec.Rules, policy.Discover("/", nil, func(string) string { return "" }), loaded)
+	rules, err := daemon.Rules(daemon.RuleSources{Network: cfg.Network, UserConfig: e.dirs.UserConfig(), Presets: rec.Presets,
+		Runtime: rec.Rules, Discovered: policy.Discover("/", nil, func(string) string { return "" }), Loaded: loaded})
 	if err != nil {
 		return nil, err
 	}

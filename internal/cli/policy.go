@@ -179,7 +179,7 @@ func newPolicyShowCmd() *cobra.Command {
 				n.Use = []string{args[0]}
 				loaded := daemon.LoadLists(context.Background(), e.listCache(), n, false)
 				l = loaded[args[0]]
-				if rules, err = daemon.Rules(config.Network{Use: n.Use, Policies: n.Policies}, "", nil, nil, loaded); err != nil {
+				if rules, err = daemon.Rules(daemon.RuleSources{Network: config.Network{Use: n.Use, Policies: n.Policies}, Loaded: loaded}); err != nil {
 					return withCode(ExitUsage, err)
 				}
 			}

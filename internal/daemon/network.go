@@ -46,16 +46,29 @@ type NetworkOptions struct {
 	Audit config.Audit
 }
 
+// RuleSources are what a sandbox's rule layers are made of. The daemon,
+// `moat network list` of a stopped sandbox and `moat policy show` all
+// assemble them with Rules, so that they cannot disagree.
+type RuleSources struct {
+	Network    config.Network
+	UserConfig string // the user's config.toml: its layer is "user", others "project"
+	Presets    []string
+	Runtime    *state.RuntimeRules
+	Discovered []policy.Rule            // package repositories found on the host and in the image
+	Loaded     map[string]*lists.Loaded // named policies' lists
+}
+
 // Rules assembles the policy's rules, lowest layer first: the named
 // policies in `use`, in that order (default: "default", the built-in list
 // plus the package repositories discovered on the host and in the image;
 // a [policies.NAME] policy gives its inline rules and its list, from
-// lists, as the named layer with source "policy NAME"), then each
-// configuration file's rules as the user or project layer, then the
-// runtime layer. It fails on an unknown policy name or an entry that does
-// not parse: a sandbox whose policy is not what the user wrote must not
-// start with some other policy.
-func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discovered []policy.Rule, loaded map[string]*lists.Loaded) ([]policy.Rule, error) {
+// lists, as the named layer with source "policy NAME"), then the presets'
+// layer, each configuration file's rules as the user or project layer,
+// then the runtime layer. It fails on an unknown policy name or an entry
+// that does not parse: a sandbox whose policy is not what the user wrote
+// must not start with some other policy.
+func Rules(s RuleSources) ([]policy.Rule, error) {
+	n, userConfig, rt, discovered, loaded := s.Network, s.UserConfig, s.Runtime, s.Discovered, s.Loaded
 	var out []policy.Rule
 	use := n.Use
 	if len(use) == 0 {
@@ -79,6 +92,7 @@ func Rules(n config.Network, userConfig string, rt *state.RuntimeRules, discover
 			out = append(out, rs...)
 		}
 	}
+	out = append(out, PresetRules(s.Presets)...)
 	for _, l := range n.Layers {
 		layer := policy.LayerProject
 		if userConfig != "" && l.Source == userConfig {
@@ -349,11 +363,11 @@ func (n *network) compile() (*policy.Policy, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := Rules(n.o.Config, n.o.UserConfig, rec.Rules, n.discovered, n.named.get())
+	rules, err := Rules(RuleSources{Network: n.o.Config, UserConfig: n.o.UserConfig, Presets: rec.Presets,
+		Runtime: rec.Rules, Discovered: n.discovered, Loaded: n.named.get()})
 	if err != nil {
 		return nil, err
 	}
-	rules = append(rules, PresetRules(rec.Presets)...)
 	rules = append(rules, n.grantRules()...)
 	// Lowest layer first, as `moat network list` shows them.
 	slices.SortStableFunc(rules, func(a, b policy.Rule) int { return int(a.Layer) - int(b.Layer) })

@@ -20,7 +20,7 @@ func TestRulesLayers(t *testing.T) {
 		},
 	}
 	rt := &state.RuntimeRules{Block: []string{"b.test:22"}}
-	rules, err := Rules(n, "/home/u/.config/moat/config.toml", rt, nil, nil)
+	rules, err := Rules(RuleSources{Network: n, UserConfig: "/home/u/.config/moat/config.toml", Runtime: rt})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,20 +45,20 @@ func TestRulesLayers(t *testing.T) {
 
 func TestRulesDefaultAndUnknownPolicy(t *testing.T) {
 	disc := []policy.Rule{{Entry: "mirror.test.example", Action: policy.Allow, Layer: policy.LayerNamed, Name: "mirror.test.example", Source: "discovered: test"}}
-	rules, err := Rules(config.Network{}, "", nil, disc, nil)
+	rules, err := Rules(RuleSources{Discovered: disc})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(rules) != len(policy.Builtin())+1 {
 		t.Fatalf("default: %d rules, want builtin + discovered", len(rules))
 	}
-	if rules, _ := Rules(config.Network{Use: []string{"none"}}, "", nil, disc, nil); len(rules) != 0 {
+	if rules, _ := Rules(RuleSources{Network: config.Network{Use: []string{"none"}}, Discovered: disc}); len(rules) != 0 {
 		t.Fatalf("none: %d rules", len(rules))
 	}
-	if _, err := Rules(config.Network{Use: []string{"nope"}}, "", nil, nil, nil); err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+	if _, err := Rules(RuleSources{Network: config.Network{Use: []string{"nope"}}}); err == nil || !strings.Contains(err.Error(), `unknown policy "nope"`) {
 		t.Fatalf("unknown policy: %v", err)
 	}
-	if _, err := Rules(config.Network{Layers: []config.NetworkLayer{{Source: "moat.toml", Allow: []string{"http://x.test/"}}}}, "", nil, nil, nil); err == nil {
+	if _, err := Rules(RuleSources{Network: config.Network{Layers: []config.NetworkLayer{{Source: "moat.toml", Allow: []string{"http://x.test/"}}}}}); err == nil {
 		t.Fatal("a bad entry compiled")
 	}
 }

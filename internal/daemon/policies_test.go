@@ -32,7 +32,7 @@ func TestRulesNamedPolicies(t *testing.T) {
 	if w := loaded["ads"].Warnings; len(w) != 1 || !strings.Contains(w[0], "line 3") {
 		t.Fatalf("warnings: %v", w)
 	}
-	rules, err := Rules(n, "/u/config.toml", nil, nil, loaded)
+	rules, err := Rules(RuleSources{Network: n, UserConfig: "/u/config.toml", Loaded: loaded})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,10 +66,10 @@ func TestRulesNamedPolicies(t *testing.T) {
 	// A list that could not be loaded is an empty layer, not an error.
 	n.Policies["ads"] = config.Policy{Name: "ads", Source: filepath.Join(dir, "missing.txt"), Refresh: time.Hour}
 	loaded = LoadLists(context.Background(), &lists.Cache{Dir: filepath.Join(dir, "cache")}, n, true)
-	if rules, err := Rules(n, "/u/config.toml", nil, nil, loaded); err != nil || len(rules) != 4 {
+	if rules, err := Rules(RuleSources{Network: n, UserConfig: "/u/config.toml", Loaded: loaded}); err != nil || len(rules) != 4 {
 		t.Fatalf("missing list: %d rules, %v", len(rules), err)
 	}
-	if _, err := Rules(config.Network{Use: []string{"ads"}}, "", nil, nil, nil); err == nil || !strings.Contains(err.Error(), "[policies.ads]") {
+	if _, err := Rules(RuleSources{Network: config.Network{Use: []string{"ads"}}}); err == nil || !strings.Contains(err.Error(), "[policies.ads]") {
 		t.Fatalf("undefined policy: %v", err)
 	}
 }
