@@ -13,6 +13,7 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/policy"
 	"moat.dev/moat/internal/state"
 )
 
@@ -89,31 +90,20 @@ func allowHint(name string, en audit.Entry) string {
 	case en.Reason != "" && !strings.HasPrefix(en.Reason, "no rule"):
 		return ""
 	}
-	entry := allowEntry(en)
-	if entry == "" {
-		return ""
-	}
-	return "moat network allow " + name + " " + entry
-}
-
-// allowEntry is the allow entry for a ledger destination: the name for the
-// web ports (a name rule covers 80 and 443), else name:port or ip:port.
-func allowEntry(en audit.Entry) string {
 	if en.Proto != "tcp" { // the gate carries no other protocol
 		return ""
 	}
+	var port uint16
+	if len(en.Ports) > 0 {
+		port = en.Ports[len(en.Ports)-1]
+	}
+	var addr netip.Addr
 	if en.Name == "" {
-		if _, err := netip.ParseAddrPort(en.Dest); err != nil {
+		ap, err := netip.ParseAddrPort(en.Dest)
+		if err != nil {
 			return ""
 		}
-		return en.Dest
+		addr, port = ap.Addr(), ap.Port()
 	}
-	web := len(en.Ports) > 0
-	for _, p := range en.Ports {
-		web = web && (p == 80 || p == 443)
-	}
-	if web || len(en.Ports) == 0 {
-		return en.Name
-	}
-	return en.Dest
+	return "moat network allow " + name + " " + policy.AllowEntry(en.Name, addr, port)
 }

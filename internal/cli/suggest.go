@@ -167,7 +167,7 @@ func suggestEntryOf(r audit.Record) (entry, domain string) {
 	}
 	port := ap.Port()
 	if r.Name == "" {
-		return ap.String(), "addresses"
+		return policy.AllowEntry("", ap.Addr(), port), "addresses"
 	}
 	domain, err = publicsuffix.EffectiveTLDPlusOne(r.Name)
 	if err != nil {
@@ -177,10 +177,7 @@ func suggestEntryOf(r audit.Record) (entry, domain string) {
 		// Refused by request rules on an inspected host.
 		return r.Method + " " + r.Name + r.Path, domain
 	}
-	if port == 443 || port == 80 {
-		return r.Name, domain
-	}
-	return r.Name + ":" + strconv.Itoa(int(port)), domain
+	return policy.AllowEntry(r.Name, ap.Addr(), port), domain
 }
 
 func (s suggestion) write(w io.Writer) error {

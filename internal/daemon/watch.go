@@ -126,17 +126,7 @@ func (d *daemon) holdOf(p gate.Pending) *control.Hold {
 // alone for web ports (80 and 443 go together), name:port otherwise; the
 // address and port when there is no name.
 func suggestEntry(q gate.Question) string {
-	if q.Name == "" {
-		return netip4Port(q)
-	}
-	if q.Port == 443 || q.Port == 80 {
-		return q.Name
-	}
-	return q.Name + ":" + strconv.Itoa(int(q.Port))
-}
-
-func netip4Port(q gate.Question) string {
-	return q.Addr.String() + ":" + strconv.Itoa(int(q.Port))
+	return policy.AllowEntry(q.Name, q.Addr, q.Port)
 }
 
 // registrable is the domain a "block" answer blocks: the name's

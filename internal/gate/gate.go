@@ -523,11 +523,7 @@ func (g *Gate) RunPreresolve(ctx context.Context) {
 
 // AllowCommand is the command a person types to allow name for sandbox.
 func AllowCommand(sandbox, name string, port uint16) string {
-	entry := name
-	if port != 0 && port != 80 && port != 443 {
-		entry = fmt.Sprintf("%s:%d", name, port)
-	}
-	return fmt.Sprintf("moat network allow %s %s", sandbox, entry)
+	return fmt.Sprintf("moat network allow %s %s", sandbox, policy.AllowEntry(name, netip.Addr{}, port))
 }
 
 func isNil(v any) bool {

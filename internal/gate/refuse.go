@@ -122,9 +122,5 @@ func allowRequestCommand(sandbox, host string, port uint16, method, path string)
 	if err != nil || strings.ContainsAny(p, "*?\"'") || strings.HasSuffix(path, "…") {
 		return ""
 	}
-	name := host
-	if port != 0 && port != 80 && port != 443 {
-		name = fmt.Sprintf("%s:%d", host, port)
-	}
-	return fmt.Sprintf("moat network allow %s '%s %s%s'", sandbox, method, name, p)
+	return fmt.Sprintf("moat network allow %s '%s %s%s'", sandbox, method, policy.AllowEntry(host, netip.Addr{}, port), p)
 }

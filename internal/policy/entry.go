@@ -638,3 +638,19 @@ func FromEntries(entries []string, a Action, l Layer, source string) ([]Rule, er
 	}
 	return rules, nil
 }
+
+// AllowEntry is the allow entry a person would write for a destination:
+// the name alone for the web ports (a name rule covers 80 and 443
+// together, and port 0, unknown, too), name:port for other ports, and
+// ip:port when there is no name. Every place that offers a rule (the
+// refusal page, a failed command's hint, `moat network suggest`, the
+// watcher's answers) writes it with this.
+func AllowEntry(name string, addr netip.Addr, port uint16) string {
+	if name == "" {
+		return netip.AddrPortFrom(addr, port).String()
+	}
+	if port == 0 || port == 80 || port == 443 {
+		return name
+	}
+	return name + ":" + strconv.Itoa(int(port))
+}

@@ -321,3 +321,29 @@ func TestStrings(t *testing.T) {
 		}
 	}
 }
+
+func TestAllowEntry(t *testing.T) {
+	ip := netip.MustParseAddr("203.0.113.9")
+	tests := []struct {
+		name string
+		addr netip.Addr
+		port uint16
+		want string
+	}{
+		{"api.example", ip, 443, "api.example"},
+		{"api.example", ip, 80, "api.example"},
+		{"api.example", netip.Addr{}, 0, "api.example"},
+		{"git.example", ip, 22, "git.example:22"},
+		{"", ip, 443, "203.0.113.9:443"},
+		{"", ip, 5432, "203.0.113.9:5432"},
+	}
+	for _, tt := range tests {
+		if got := AllowEntry(tt.name, tt.addr, tt.port); got != tt.want {
+			t.Errorf("AllowEntry(%q, %v, %d) = %q, want %q", tt.name, tt.addr, tt.port, got, tt.want)
+		}
+		// What it offers must parse as an allow rule.
+		if _, err := ParseEntry(AllowEntry(tt.name, tt.addr, tt.port)); err != nil {
+			t.Errorf("AllowEntry(%q, %v, %d) does not parse: %v", tt.name, tt.addr, tt.port, err)
+		}
+	}
+}
