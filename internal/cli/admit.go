@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,11 +13,14 @@ import (
 	"moat.dev/moat/internal/state"
 )
 
-// limitsOf reads a sandbox's limits from its configuration snapshot.
+// limitsOf reads a sandbox's limits from its configuration snapshot. A
+// snapshot that cannot be read counts with the defaults (a 4 GiB
+// ceiling), not as nothing: admission must not let a sandbox in because
+// another's record is damaged.
 func limitsOf(r *state.Record) resources.Limits {
-	var cfg config.Config
-	if len(r.Config) > 0 {
-		json.Unmarshal(r.Config, &cfg)
+	cfg, err := r.Snapshot()
+	if err != nil {
+		cfg = config.Defaults()
 	}
 	return resources.FromConfig(cfg.Sandbox)
 }

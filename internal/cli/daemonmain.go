@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -81,11 +80,9 @@ func daemonMain(dir string) int {
 	if err != nil {
 		return fail(err)
 	}
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return fail(fmt.Errorf("reading the configuration snapshot: %w", err))
-		}
+	cfg, err := rec.Snapshot()
+	if err != nil {
+		return fail(err)
 	}
 	if err := keys.Ensure(dir); err != nil {
 		return fail(err)

@@ -135,13 +135,7 @@ func describeTarget(w control.Forward) string {
 }
 
 func configOf(rec *state.Record) (config.Config, error) {
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return cfg, fmt.Errorf("reading the configuration snapshot: %w", err)
-		}
-	}
-	return cfg, nil
+	return rec.Snapshot()
 }
 
 func newForwardListCmd() *cobra.Command {

@@ -18,7 +18,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/audit"
-	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/policy"
@@ -112,11 +111,9 @@ func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
 			return r.Rules, nil
 		}
 	}
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return nil, fmt.Errorf("reading the configuration snapshot: %w", err)
-		}
+	cfg, err := rec.Snapshot()
+	if err != nil {
+		return nil, err
 	}
 	// The lists as cached; only the running daemon fetches.
 	loaded := daemon.LoadLists(context.Background(), e.listCache(), cfg.Network, false)

@@ -20,13 +20,7 @@ import (
 
 // snapshot is the configuration the sandbox was created with.
 func snapshot(rec *state.Record) (config.Config, error) {
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return cfg, fmt.Errorf("reading the configuration snapshot of %s: %w", rec.Name, err)
-		}
-	}
-	return cfg, nil
+	return rec.Snapshot()
 }
 
 // configEnv expands the sandbox's [env] entries with the host's

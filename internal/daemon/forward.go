@@ -100,11 +100,9 @@ func forwardConfig(dir string) (config.Forwards, *state.Record, error) {
 	if err != nil {
 		return config.Forwards{}, nil, err
 	}
-	var cfg config.Config
-	if len(rec.Config) > 0 {
-		if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-			return config.Forwards{}, nil, fmt.Errorf("reading the configuration snapshot: %w", err)
-		}
+	cfg, err := rec.Snapshot()
+	if err != nil {
+		return config.Forwards{}, nil, err
 	}
 	return cfg.Forwards, rec, nil
 }
@@ -429,11 +427,9 @@ func (f *forwards) change(ch control.ForwardChange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return state.Update(f.d.o.Dir, func(rec *state.Record) error {
-		var cfg config.Config
-		if len(rec.Config) > 0 {
-			if err := json.Unmarshal(rec.Config, &cfg); err != nil {
-				return fmt.Errorf("reading the configuration snapshot: %w", err)
-			}
+		cfg, err := rec.Snapshot()
+		if err != nil {
+			return err
 		}
 		rt := &state.RuntimeForwards{}
 		if rec.Forwards != nil {

@@ -20,6 +20,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/config"
 )
 
 // Dirs are moat's three roots.
@@ -349,4 +351,17 @@ func List(d Dirs) ([]*Record, error) {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
+}
+
+// Snapshot is the configuration the sandbox was created with (or last
+// reconfigured with): the one way every caller reads Record.Config. A
+// record without one (made before snapshots) is the zero Config.
+func (r *Record) Snapshot() (config.Config, error) {
+	var cfg config.Config
+	if len(r.Config) > 0 {
+		if err := json.Unmarshal(r.Config, &cfg); err != nil {
+			return config.Config{}, fmt.Errorf("reading the configuration snapshot of sandbox %q: %w", r.Name, err)
+		}
+	}
+	return cfg, nil
 }
