@@ -52,7 +52,9 @@ func TestBenchGate(t *testing.T) {
 		}
 	}
 	dir := project(t, "benchgate")
-	os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[network]\nuse = [\"none\"]\nallow = [\"*.bench.test\"]\n"), 0o644)
+	// max_connections: the parallel figure opens PARALLEL connections at once, above the
+	// default the daemon derives from memory_max.
+	os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(fmt.Sprintf("[network]\nuse = [\"none\"]\nallow = [\"*.bench.test\"]\nmax_connections = %d\n", par+100)), 0o644)
 	probe := benchProbe(t, dir)
 	env := []string{"MOAT_UPSTREAM_DNS=" + n.DNS.String()}
 	if r := moat(t, dir, env, "up", "--name", "benchgate"); r.code != 0 {

@@ -37,7 +37,9 @@ const (
 func TestGateUnderLoad(t *testing.T) {
 	n := inet.Start(t)
 	const otherIP = "198.51.100.12"
-	a := newGateEnv(t, n, "exhaust-a", "[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\n")
+	// Above the 2,510 connections of the flood: this test is about the gate closing what
+	// stalls within its bounds (the bound on open connections is TestGateBackpressure's).
+	a := newGateEnv(t, n, "exhaust-a", "[network]\nuse = [\"none\"]\nallow = [\"allowed.test\"]\nmax_connections = 4000\nmax_dns_queries = 400\n")
 	b := newGateEnv(t, n, "exhaust-b", "[network]\nuse = [\"none\"]\nallow = [\"other.test\"]\n")
 	web := n.HTTP(t, allowedIP, 80, nil)
 	tlsWeb := n.HTTPS(t, allowedIP, 443, []string{"allowed.test"}, nil)
