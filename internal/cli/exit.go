@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
+
+	"moat.dev/moat/internal/control"
 )
 
 // Exit codes, set only here and documented in `moat help exit-codes`.
@@ -63,4 +65,15 @@ func exitCodeOf(err error) int {
 		return int(c)
 	}
 	return -1
+}
+
+// fromDaemon gives a control request's error its exit code: the daemon's
+// 4xx (the request itself was wrong) is bad usage; anything else, the
+// daemon failing or not answering, is an error, never bad usage.
+func fromDaemon(err error) error {
+	var he *control.HTTPError
+	if errors.As(err, &he) && he.Status >= 400 && he.Status < 500 {
+		return withCode(ExitUsage, err)
+	}
+	return withCode(ExitError, err)
 }

@@ -82,7 +82,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				if _, err := control.New(filepath.Join(dir, "control.sock")).ChangeForward(ctx, ch); err != nil {
-					return withCode(ExitUsage, err)
+					return fromDaemon(err)
 				}
 			} else {
 				cfg, err := configOf(rec)

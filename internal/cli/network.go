@@ -82,7 +82,7 @@ change at once.`,
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				if _, err := control.New(filepath.Join(dir, "control.sock")).ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries}); err != nil {
-					return withCode(ExitUsage, err)
+					return fromDaemon(err)
 				}
 			} else if err := state.Update(dir, func(r *state.Record) error {
 				if r.Rules == nil {

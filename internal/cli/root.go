@@ -102,6 +102,11 @@ func Main(args []string) int {
 		return int(ce)
 	}
 	fmt.Fprintln(os.Stderr, "moat:", err)
+	return exitCode(err)
+}
+
+// exitCode is the exit code an error carries (withCode), else ExitError.
+func exitCode(err error) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code

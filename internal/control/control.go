@@ -151,13 +151,24 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if resp.StatusCode >= 300 {
 		var e ErrorBody
 		json.NewDecoder(resp.Body).Decode(&e)
-		return fmt.Errorf("daemon %s: %s", path, e.Error)
+		return &HTTPError{What: "daemon " + path, Status: resp.StatusCode, Msg: e.Error}
 	}
 	if out != nil {
 		return json.NewDecoder(resp.Body).Decode(out)
 	}
 	return nil
 }
+
+// HTTPError is the daemon's refusal of a control request: the status it
+// answered with and its message. A 4xx status means the request was wrong
+// (the CLI exits 2, bad usage); a 5xx, that the daemon failed (exit 1).
+type HTTPError struct {
+	What   string // "daemon /v1/network/rules"
+	Status int
+	Msg    string
+}
+
+func (e *HTTPError) Error() string { return e.What + ": " + e.Msg }
 
 // DialSSH opens the byte stream to the guest agent.
 func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
@@ -180,7 +191,7 @@ func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
 		var e ErrorBody
 		json.NewDecoder(resp.Body).Decode(&e)
 		conn.Close()
-		return nil, fmt.Errorf("daemon refused the session: %s", e.Error)
+		return nil, &HTTPError{What: "daemon refused the session", Status: resp.StatusCode, Msg: e.Error}
 	}
 	conn.SetDeadline(time.Time{})
 	return &bufConn{Conn: conn, r: br}, nil

@@ -1,6 +1,9 @@
 package control
 
-import "strings"
+import (
+	"errors"
+	"net/http"
+)
 
 // ErrStopping is the error of a GET /v1/ssh (503) that reached a daemon
 // already stopping its sandbox (idle stop): the caller waits for the stop
@@ -9,5 +12,6 @@ const ErrStopping = "the sandbox is stopping"
 
 // IsStopping reports whether err is a daemon's ErrStopping refusal.
 func IsStopping(err error) bool {
-	return err != nil && strings.Contains(err.Error(), ErrStopping)
+	var he *HTTPError
+	return errors.As(err, &he) && he.Status == http.StatusServiceUnavailable && he.Msg == ErrStopping
 }

@@ -39,4 +39,12 @@ func TestPlatform(t *testing.T) {
 			t.Errorf("stderr lacks %q:\n%s", s, r.stderr)
 		}
 	}
+	// A failure inside the daemon is an error (1), never bad usage (2),
+	// which a bad flag is.
+	if r := moat(t, kdir, nil, "up"); r.code != 1 {
+		t.Errorf("up failing inside the daemon: exit %d, want 1\n%s", r.code, r.stderr)
+	}
+	if r := moat(t, kdir, nil, "up", "--no-such-flag"); r.code != 2 {
+		t.Errorf("up with a bad flag: exit %d, want 2\n%s", r.code, r.stderr)
+	}
 }
