@@ -191,7 +191,7 @@ func (e *env) usePreset(dir string, rec *state.Record, p *preset.Preset, env map
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	a, err := control.New(filepath.Join(dir, "control.sock")).Preset(ctx, control.PresetRequest{Name: p.Name, Env: vals})
+	a, err := control.At(dir).Preset(ctx, control.PresetRequest{Name: p.Name, Env: vals})
 	if err != nil {
 		return withCode(ExitRun, fmt.Errorf("adding preset %s to the running sandbox: %w", p.Name, err))
 	}
@@ -398,7 +398,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		le.PID = r.DaemonPID
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		if s, err := control.New(filepath.Join(dir, "control.sock")).Status(ctx); err == nil {
+		if s, err := control.At(dir).Status(ctx); err == nil {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
 			le.Platform = s.Platform
 			le.Warnings = s.Warnings

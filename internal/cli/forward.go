@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -77,29 +76,27 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 					return withCode(ExitUsage, err)
 				}
 			}
-			running := state.DaemonAlive(dir)
-			if running {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if _, err := control.New(filepath.Join(dir, "control.sock")).ChangeForward(ctx, ch); err != nil {
-					return fromDaemon(err)
+			cfg, err := configOf(rec)
+			if err != nil {
+				return err
+			}
+			running := false
+			err = liveOrRecord(dir, func(ctx context.Context, c *control.Client) error {
+				running = true
+				_, err := c.ChangeForward(ctx, ch)
+				return err
+			}, func(r *state.Record) error {
+				if r.Forwards == nil {
+					r.Forwards = &state.RuntimeForwards{}
 				}
-			} else {
-				cfg, err := configOf(rec)
-				if err != nil {
-					return err
-				}
-				err = state.Update(dir, func(r *state.Record) error {
-					if r.Forwards == nil {
-						r.Forwards = &state.RuntimeForwards{}
-					}
-					return daemon.ApplyForwardChange(r.Forwards, cfg.Forwards, args[0], ch)
-				})
+				err := daemon.ApplyForwardChange(r.Forwards, cfg.Forwards, args[0], ch)
 				if errors.Is(err, forward.ErrSpec) {
 					return withCode(ExitUsage, err)
-				} else if err != nil {
-					return err
 				}
+				return err
+			})
+			if err != nil {
+				return err
 			}
 			w := daemon.ForwardOf(forward.Entry{Reverse: reverse, Forward: fw}, "", "")
 			verb := map[string]string{"add": "forwarding", "remove": "removed"}[op]
@@ -170,7 +167,7 @@ func forwardsOf(dir string, rec *state.Record) ([]control.Forward, error) {
 	if state.DaemonAlive(dir) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		f, err := control.New(filepath.Join(dir, "control.sock")).Forwards(ctx)
+		f, err := control.At(dir).Forwards(ctx)
 		if err == nil {
 			return f.Forwards, nil
 		}

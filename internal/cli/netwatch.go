@@ -6,7 +6,6 @@ import (
 	"errors"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -144,7 +143,7 @@ func (ws *watchSet) stream(ctx context.Context, name string) {
 		ws.mu.Unlock()
 	}()
 	dir := ws.e.dirs.Sandbox(name)
-	cl := control.New(filepath.Join(dir, "control.sock"))
+	cl := control.At(dir)
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := cl.Watch(ctx, func(ev control.Event) error {
@@ -176,5 +175,5 @@ func (ws *watchSet) stream(ctx context.Context, name string) {
 func (ws *watchSet) answer(sandbox, id string, a control.Answer) (*control.AnswerResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	return control.New(filepath.Join(ws.e.dirs.Sandbox(sandbox), "control.sock")).AnswerHold(ctx, id, a)
+	return control.At(ws.e.dirs.Sandbox(sandbox)).AnswerHold(ctx, id, a)
 }

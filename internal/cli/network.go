@@ -78,19 +78,17 @@ change at once.`,
 					return codef(ExitUsage, "%q: %v", en, err)
 				}
 			}
-			if state.DaemonAlive(dir) {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if _, err := control.New(filepath.Join(dir, "control.sock")).ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries}); err != nil {
-					return fromDaemon(err)
-				}
-			} else if err := state.Update(dir, func(r *state.Record) error {
+			err = liveOrRecord(dir, func(ctx context.Context, c *control.Client) error {
+				_, err := c.ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries})
+				return err
+			}, func(r *state.Record) error {
 				if r.Rules == nil {
 					r.Rules = &state.RuntimeRules{}
 				}
-				return daemon.ApplyRuleChange(r.Rules, op, entries)
-			}); err != nil {
-				return withCode(ExitUsage, err)
+				return withCode(ExitUsage, daemon.ApplyRuleChange(r.Rules, op, entries))
+			})
+			if err != nil {
+				return err
 			}
 			verb := map[string]string{"allow": "allowed", "block": "blocked", "remove": "removed"}[op]
 			fmt.Fprintf(os.Stderr, "moat: %s %s for %s\n", verb, strings.Join(entries, " "), args[0])
@@ -106,7 +104,7 @@ func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
 	if state.DaemonAlive(dir) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		r, err := control.New(filepath.Join(dir, "control.sock")).Rules(ctx)
+		r, err := control.At(dir).Rules(ctx)
 		if err == nil {
 			return r.Rules, nil
 		}
@@ -218,7 +216,7 @@ func (e *env) denials(dir string) (*control.Denials, error) {
 	if state.DaemonAlive(dir) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		if d, err := control.New(filepath.Join(dir, "control.sock")).Denials(ctx); err == nil {
+		if d, err := control.At(dir).Denials(ctx); err == nil {
 			return d, nil
 		}
 	}

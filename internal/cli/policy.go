@@ -295,7 +295,7 @@ func (e *env) reloadRunning() {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if _, err := control.New(filepath.Join(dir, "control.sock")).ReloadPolicies(ctx); err != nil {
+		if _, err := control.At(dir).ReloadPolicies(ctx); err != nil {
 			fmt.Fprintf(os.Stderr, "moat: %s did not reload its lists (%v); it will at its next refresh\n", r.Name, err)
 		}
 		cancel()

@@ -33,7 +33,7 @@ func printRefusals(w io.Writer, dir string, since time.Time) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	d, err := control.New(filepath.Join(dir, "control.sock")).Denials(ctx)
+	d, err := control.At(dir).Denials(ctx)
 	if err != nil {
 		return
 	}

@@ -443,12 +443,28 @@ func daemonEnviron(rec *state.Record) ([]string, map[string]string, error) {
 	return daemon.Environ(rest, len(cfg.SSHAgent.Keys) > 0), values, nil
 }
 
+// liveOrRecord applies a change to the sandbox at dir: through its daemon
+// when it runs (the daemon records it too), else to its record, which the
+// next start reads. The daemon's errors keep their exit codes (fromDaemon);
+// offline's are returned as they are.
+func liveOrRecord(dir string, live func(context.Context, *control.Client) error, offline func(*state.Record) error) error {
+	if state.DaemonAlive(dir) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := live(ctx, control.At(dir)); err != nil {
+			return fromDaemon(err)
+		}
+		return nil
+	}
+	return state.Update(dir, offline)
+}
+
 // connectWhileBooting connects to the session proxy of a daemon that is
 // starting, as soon as its control socket exists. It returns nil if that
 // fails or ctx ends first: the caller then connects the usual way, and
 // reports the usual errors.
 func connectWhileBooting(ctx context.Context, dir string) *ssh.Client {
-	sock := filepath.Join(dir, "control.sock")
+	sock := control.Socket(dir)
 	for {
 		if _, err := os.Stat(sock); err == nil {
 			c, err := sshClient(ctx, dir)
@@ -507,7 +523,7 @@ func (e *env) stop(dir string, reason string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := control.New(filepath.Join(dir, "control.sock")).Stop(ctx, reason); err != nil {
+	if err := control.At(dir).Stop(ctx, reason); err != nil {
 		// The daemon may be wedged: the signal path stops it too.
 		if pid := daemonPID(dir); pid > 0 {
 			syscall.Kill(pid, syscall.SIGTERM)
@@ -550,7 +566,7 @@ func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := control.New(filepath.Join(dir, "control.sock")).DialSSH(ctx)
+	conn, err := control.At(dir).DialSSH(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -57,7 +56,7 @@ cannot be read, nothing changes and the error names the secret and its source.`,
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
-			a, err := control.New(filepath.Join(dir, "control.sock")).RefreshSecrets(ctx, control.SecretsRefreshRequest{Env: vals})
+			a, err := control.At(dir).RefreshSecrets(ctx, control.SecretsRefreshRequest{Env: vals})
 			if err != nil {
 				return withCode(ExitError, fmt.Errorf("refreshing the secrets of %s: %w", rec.Name, err))
 			}

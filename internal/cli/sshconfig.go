@@ -134,7 +134,7 @@ func newSSHProxyCmd() *cobra.Command {
 			if _, err := e.startSession(dir, false); err != nil {
 				return withCode(ExitRun, err)
 			}
-			conn, err := control.New(filepath.Join(dir, "control.sock")).DialSSH(context.Background())
+			conn, err := control.At(dir).DialSSH(context.Background())
 			if err != nil {
 				return withCode(ExitRun, err)
 			}

@@ -27,6 +27,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"path/filepath"
 	"time"
 )
 
@@ -158,6 +159,13 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	return nil
 }
+
+// Socket is the control socket of the sandbox whose state directory is
+// dir (0600, the daemon's); its name is on disk: frozen.
+func Socket(dir string) string { return filepath.Join(dir, "control.sock") }
+
+// At is the control client of the sandbox whose state directory is dir.
+func At(dir string) *Client { return New(Socket(dir)) }
 
 // HTTPError is the daemon's refusal of a control request: the status it
 // answered with and its message. A 4xx status means the request was wrong

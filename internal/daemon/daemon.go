@@ -332,7 +332,7 @@ func (d *daemon) prepare() error {
 	// namespaces died with the last daemon), so its state is stale.
 	os.RemoveAll(runtime.RunscRoot(d.o.Dir))
 	os.MkdirAll(runtime.RunscRoot(d.o.Dir), 0o700)
-	os.Remove(filepath.Join(d.o.Dir, "control.sock"))
+	os.Remove(control.Socket(d.o.Dir))
 	if err := runtime.PrepareDisk(d.o.Plan, d.log); err != nil {
 		return err
 	}
@@ -521,7 +521,7 @@ func (d *daemon) requestStop(reason string) {
 }
 
 func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
-	sock := filepath.Join(d.o.Dir, "control.sock")
+	sock := control.Socket(d.o.Dir)
 	old := unix.Umask(0o077)
 	ln, err := net.Listen("unix", sock)
 	unix.Umask(old)
