@@ -27,15 +27,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/creack/pty"
-
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/test/inet"
 )
 
 const (
-	codexPackage = "@openai/codex"
-	standinIP    = "198.51.100.70"
+	claudePackage = "@anthropic-ai/claude-code"
+	codexPackage  = "@openai/codex"
+	standinIP     = "198.51.100.70"
 	// agentRunBound bounds one agent run against the stand-in: a start of the agent (a few
 	// seconds in gVisor) and a streamed answer.
 	agentRunBound = 90 * time.Second
@@ -280,25 +279,9 @@ func (a *agentsEnv) interactive(t *testing.T, name, ready string) {
 	mark, since := len(a.api.Requests()), time.Now()
 	cmd := exec.Command(moatBin, "run", name)
 	cmd.Dir, cmd.Env = a.dir, moatEnv(append(a.env(), "TERM=xterm-256color"))
-	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 40, Cols: 120})
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, out := startPTY(t, cmd, 40, 120)
 	defer f.Close()
 	defer cmd.Process.Kill()
-	out := &ptyReader{}
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			k, err := f.Read(b)
-			out.mu.Lock()
-			out.buf.Write(b[:k])
-			out.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
 	out.waitFor(t, ready, 60*time.Second)
 	// The footer is drawn a little before the prompt takes input.
 	time.Sleep(time.Second)
@@ -329,7 +312,9 @@ func (a *agentsEnv) testCodexExec(t *testing.T) {
 		t.Fatalf("moat run codex -- exec hi: exit %d, want the stand-in's answer %q\nstdout: %s\nstderr: %s", r.code, a.answer, tail(r.stdout, 20), tail(r.stderr, 30))
 	}
 	reqs := a.checkRequests(t, mark)
-	if !slices.ContainsFunc(reqs, func(r inet.Req) bool { return r.Path == "/v1/responses" && r.Header.Get("Authorization") == "Bearer "+a.openaiKey }) {
+	if !slices.ContainsFunc(reqs, func(r inet.Req) bool {
+		return r.Path == "/v1/responses" && r.Header.Get("Authorization") == "Bearer "+a.openaiKey
+	}) {
 		t.Errorf("no /v1/responses request carried the real OpenAI key")
 	}
 	a.checkDenials(t, since)

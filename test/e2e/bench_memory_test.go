@@ -99,7 +99,7 @@ func TestBenchMemory(t *testing.T) {
 // memBin is one binary under comparison, with its own MOAT_HOME.
 type memBin struct {
 	label, path, home, dir, probe, dns string
-	dl, c50, idle, stall          []float64
+	dl, c50, idle, stall               []float64
 }
 
 // paired is each round's new/previous: on a shared host the load moves

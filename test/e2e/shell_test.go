@@ -35,17 +35,14 @@ func (p *ptyReader) waitFor(t *testing.T, want string, within time.Duration) {
 	t.Fatalf("terminal never showed %q; it showed:\n%s", want, p.buf.String())
 }
 
-func TestShellThroughPTY(t *testing.T) {
-	dir := project(t, "ptyshell")
-	mustMoat(t, dir, "up")
-	cmd := exec.Command(moatBin, "shell")
-	cmd.Dir, cmd.Env = dir, moatEnv([]string{"TERM=xterm"})
-	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: 24, Cols: 80})
+// startPTY starts cmd on a new terminal of the given size and collects
+// what the terminal shows.
+func startPTY(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (*os.File, *ptyReader) {
+	t.Helper()
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	defer cmd.Process.Kill()
 	out := &ptyReader{}
 	go func() {
 		b := make([]byte, 4096)
@@ -59,6 +56,17 @@ func TestShellThroughPTY(t *testing.T) {
 			}
 		}
 	}()
+	return f, out
+}
+
+func TestShellThroughPTY(t *testing.T) {
+	dir := project(t, "ptyshell")
+	mustMoat(t, dir, "up")
+	cmd := exec.Command(moatBin, "shell")
+	cmd.Dir, cmd.Env = dir, moatEnv([]string{"TERM=xterm"})
+	f, out := startPTY(t, cmd, 24, 80)
+	defer f.Close()
+	defer cmd.Process.Kill()
 	f.Write([]byte("tty | sed 's/^/TTY=/'\n"))
 	out.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
 	if err := pty.Setsize(f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
