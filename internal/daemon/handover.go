@@ -56,8 +56,9 @@ func SecretVars(secrets map[string]config.Secret, presets []string) []string {
 // starting CLI's) by name: PATH, the locale, the user's name, home and
 // XDG directories (where moat's own directories are, and what a
 // `command:` secret source or a package tool needs to find its
-// configuration), moat's own MOAT_* variables, and SSH_AUTH_SOCK when the
-// sandbox forwards the SSH agent. Nothing else, whatever it is called.
+// configuration), moat's own MOAT_* variables, GOMAXPROCS (the daemon's
+// processors, which a user may set: see procs.go), and SSH_AUTH_SOCK when
+// the sandbox forwards the SSH agent. Nothing else, whatever it is called.
 func Environ(environ []string, sshAgent bool) []string {
 	var out []string
 	for _, kv := range environ {
@@ -71,7 +72,7 @@ func Environ(environ []string, sshAgent bool) []string {
 
 func keptVar(k string, sshAgent bool) bool {
 	switch k {
-	case "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ",
+	case "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "GOMAXPROCS",
 		"XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR":
 		return true
 	case "SSH_AUTH_SOCK":

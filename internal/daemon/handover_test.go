@@ -76,8 +76,8 @@ func TestHandover(t *testing.T) {
 // starting CLI's environment.
 func TestEnviron(t *testing.T) {
 	in := []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8", "LC_ALL=C", "MOAT_HOME=/m", "MOAT_UPSTREAM_DNS=10.0.0.1",
-		"OPENAI_API_KEY=sk-x", "AWS_SECRET_ACCESS_KEY=y", "SSH_AUTH_SOCK=/tmp/agent", SecretsFDEnv + "=9", "GOPROXY=https://u:p@proxy"}
-	want := []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8", "LC_ALL=C", "MOAT_HOME=/m", "MOAT_UPSTREAM_DNS=10.0.0.1"}
+		"OPENAI_API_KEY=sk-x", "AWS_SECRET_ACCESS_KEY=y", "SSH_AUTH_SOCK=/tmp/agent", SecretsFDEnv + "=9", "GOPROXY=https://u:p@proxy", "GOMAXPROCS=2"}
+	want := []string{"PATH=/bin", "HOME=/root", "LANG=C.UTF-8", "LC_ALL=C", "MOAT_HOME=/m", "MOAT_UPSTREAM_DNS=10.0.0.1", "GOMAXPROCS=2"}
 	if got := Environ(in, false); !slices.Equal(got, want) {
 		t.Errorf("Environ = %q\nwant %q", got, want)
 	}
