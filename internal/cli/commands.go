@@ -203,8 +203,12 @@ func (e *env) usePreset(dir string, rec *state.Record, p *preset.Preset, env map
 
 func newShellCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "shell [NAME]",
-		Short:   "Open an interactive shell in a sandbox",
+		Use:   "shell [NAME]",
+		Short: "Open an interactive shell in a sandbox",
+		Long: `Open an interactive shell in a sandbox (NAME, else the current directory's),
+starting it if needed: a terminal of its own, window resizes and Ctrl-C reach
+the guest. Closing the terminal hangs up the session: its processes get
+SIGHUP, as a closed terminal delivers.`,
 		Example: "  moat shell\n  moat shell api",
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -229,8 +233,11 @@ func newShellCmd() *cobra.Command {
 
 func newExecCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:     "exec NAME -- command...",
-		Short:   "Run a command in a named sandbox",
+		Use:   "exec NAME -- command...",
+		Short: "Run a command in a named sandbox",
+		Long: `Run a command in the sandbox called NAME, from any directory, starting it if
+needed. moat exits with the command's exit code; 125 when it could not run
+the command at all.`,
 		Example: "  moat exec api -- git status",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -249,7 +256,15 @@ func newUpCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "up [NAME]",
 		Short: "Create and start a sandbox (the current directory's by default)",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Create the sandbox of the current directory (the nearest one holding a
+moat.toml), or start NAME, and return once its guest answers. A project's
+moat.toml that asks for more than a sandbox (network rules, secrets, shares)
+needs your consent: asked on a terminal, --trust-project elsewhere. A sandbox
+keeps the configuration it was made with; --reconfigure takes the files again.`,
+		Example: `  moat up
+  moat up api --reconfigure
+  moat up --fresh`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -299,7 +314,12 @@ func newDownCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "down [NAME]",
 		Short: "Stop a sandbox, keeping its files",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Stop a sandbox (NAME, else the current directory's). Its writable layer (the
+guest's home, /tmp, what was installed) is kept for the next start; the
+workspace is your own directory and is never touched.`,
+		Example: `  moat down
+  moat down api`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -319,7 +339,11 @@ func newDestroyCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "destroy [NAME]",
 		Short: "Stop a sandbox and delete it with its writable layer",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Stop a sandbox and delete it: its writable layer, its disk image, its audit
+log, keys and record. The workspace is your own directory and is kept. On a
+terminal moat asks first; elsewhere --yes is required.`,
+		Example: `  moat destroy api --yes`,
+		Args:    cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -424,7 +448,12 @@ func newListCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List sandboxes and their state",
-		Args:  cobra.NoArgs,
+		Long: `List every sandbox with its state (running, stopped and why, crashed), its
+CPU quota and use, memory (used, soft limit, ceiling), disk (used, limit),
+image and workspace. --json prints one object per sandbox, "schema": 1.`,
+		Example: `  moat list
+  moat list --json`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -461,7 +490,13 @@ func newStatusCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "status [NAME]",
 		Short: "Show one sandbox's state",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Show one sandbox (NAME, else the current directory's): state and last error,
+platform, resources and pressure, disk, network traffic and idleness, the
+gate's mode and its audit, warnings about its policy, and files the host runs
+(git hooks, editor tasks) the guest changed since the sandbox was made.`,
+		Example: `  moat status
+  moat status api --json`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -515,7 +550,11 @@ func newLogsCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "logs NAME [-f]",
 		Short: "Print a sandbox's daemon log",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print the log of a sandbox's daemon: its start and stop, hook output (lines
+starting hook|), the gate's warnings. -f follows it, across rotations.`,
+		Example: `  moat logs api
+  moat logs api -f`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {

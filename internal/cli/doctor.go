@@ -22,7 +22,11 @@ func newDoctorCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "doctor",
 		Short: "Check what moat needs on this host and print the fix for each missing piece",
-		Args:  cobra.NoArgs,
+		Long: `Check what moat needs on this host (root, runsc, the tun, overlay and loop
+modules, network namespaces, e2fsprogs, sudo for the host image) and print the
+fix for each missing piece; say which gVisor platform auto chooses here.
+Exits 4 when something is missing.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			exe, _ := os.Executable()
 			runsc := runscPath(exe)

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"errors"
+	"io"
 	"testing"
 
 	"moat.dev/moat/internal/control"
@@ -27,5 +28,28 @@ func TestFromDaemon(t *testing.T) {
 	}
 	if !control.IsStopping(&control.HTTPError{Status: 503, Msg: control.ErrStopping}) {
 		t.Error("IsStopping does not recognise the daemon's 503")
+	}
+}
+
+// TestUsageExitCodes: bad flags, a wrong number of arguments and unknown
+// commands exit 2, in process, before any command runs (no root needed).
+func TestUsageExitCodes(t *testing.T) {
+	for _, args := range [][]string{
+		{"up", "--no-such-flag"},
+		{"logs"},
+		{"network", "allow", "api"},
+		{"exec"},
+		{"no-such-command"},
+		{"network", "no-such-verb"},
+		{"image", "rm"},
+		{"run", "claude", "codex", "--", "x"},
+	} {
+		root := newRoot()
+		root.SetArgs(args)
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		if got := exitCode(root.Execute()); got != ExitUsage {
+			t.Errorf("moat %v exits %d, want %d", args, got, ExitUsage)
+		}
 	}
 }

@@ -140,7 +140,11 @@ func newForwardListCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list NAME",
 		Short: "List a sandbox's port forwards, where they listen and where they came from",
-		Args:  cobra.ExactArgs(1),
+		Long: `List a sandbox's port forwards, both directions: where each listens, where
+it leads, whether it came from moat.toml or was added at run time, and
+whether it is listening now.`,
+		Example: `  moat forward list api`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {

@@ -14,10 +14,11 @@ import (
 )
 
 func newImageCmd() *cobra.Command {
-	c := &cobra.Command{Use: "image", Short: "Manage OCI images in moat's cache"}
+	c := &cobra.Command{Use: "image", Short: "Manage OCI images in moat's cache", Long: `Import, pull, list and remove the OCI images sandboxes can use as their root
+filesystem ([sandbox] image). Layers are unpacked once per digest and shared.`}
 	var asJSON bool
 	list := &cobra.Command{
-		Use: "list", Short: "List cached images", Args: cobra.NoArgs,
+		Use: "list", Short: "List cached images", Long: `List the images in moat's cache with their size on disk.`, Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -44,7 +45,9 @@ func newImageCmd() *cobra.Command {
 	}
 	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	imp := &cobra.Command{
-		Use: "import ARCHIVE", Short: "Import a docker-save or OCI-layout tarball", Args: cobra.ExactArgs(1),
+		Use: "import ARCHIVE", Short: "Import a docker-save or OCI-layout tarball", Long: `Import an image from a docker save or OCI-layout tarball into moat's cache;
+layers with paths that escape, device nodes or links out of the layer are
+refused.`, Args: cobra.ExactArgs(1),
 		Example: "  moat image import ./debian.tar",
 		RunE: func(c *cobra.Command, args []string) error {
 			return imageOp(c, func(s *image.Store) (*image.Image, error) {
@@ -53,7 +56,8 @@ func newImageCmd() *cobra.Command {
 		},
 	}
 	pull := &cobra.Command{
-		Use: "pull REF", Short: "Pull an image from a registry", Args: cobra.ExactArgs(1),
+		Use: "pull REF", Short: "Pull an image from a registry", Long: `Pull an image from a registry into moat's cache (plain HTTP only for a
+registry on loopback).`, Args: cobra.ExactArgs(1),
 		Example: "  moat image pull localhost:5000/tools:latest",
 		RunE: func(c *cobra.Command, args []string) error {
 			return imageOp(c, func(s *image.Store) (*image.Image, error) {
@@ -62,7 +66,7 @@ func newImageCmd() *cobra.Command {
 		},
 	}
 	rm := &cobra.Command{
-		Use: "rm REF", Short: "Remove an image and the layers no other image uses", Args: cobra.ExactArgs(1),
+		Use: "rm REF", Short: "Remove an image and the layers no other image uses", Long: `Remove an image from moat's cache, and the layers no other image uses.`, Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {

@@ -128,7 +128,12 @@ func newNetworkListCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list NAME",
 		Short: "List every network rule of a sandbox with its layer",
-		Args:  cobra.ExactArgs(1),
+		Long: `List every rule in force for a sandbox, lowest layer first: the named
+policies, the presets, your config.toml, the project's moat.toml, the rules
+added at run time. The highest layer with an opinion decides a destination.`,
+		Example: `  moat network list api
+  moat network list api --json`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
@@ -163,7 +168,11 @@ func newDenialsCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "denials [NAME]",
 		Short: "Show what the gate denied, per destination (all sandboxes without NAME)",
-		Args:  cobra.MaximumNArgs(1),
+		Long: `Show, per destination, what the gate refused a sandbox (every sandbox
+without NAME): how often, when last, and why, as the audit log says it.`,
+		Example: `  moat network denials
+  moat network denials api --json`,
+		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {

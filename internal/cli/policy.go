@@ -103,7 +103,10 @@ func newPolicyListCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "list",
 		Short: "List the named policies a config can use, with their lists' state",
-		Args:  cobra.NoArgs,
+		Long: `List the named policies a configuration can use (default and none, built in,
+and those your files define), with the number of rules, their list's source,
+when it was fetched and how many of its lines could not be used.`,
+		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -155,7 +158,11 @@ func newPolicyShowCmd() *cobra.Command {
 	c := &cobra.Command{
 		Use:   "show NAME",
 		Short: "Show every entry of a named policy, and the lines its list could not use",
-		Args:  cobra.ExactArgs(1),
+		Long: `Show every entry of a named policy with where it came from, and the lines of
+its list that were rejected or could not be used.`,
+		Example: `  moat policy show default
+  moat policy show ads --json`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			var rules []policy.Rule
 			var l *lists.Loaded

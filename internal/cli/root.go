@@ -145,6 +145,7 @@ Start here:
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",
+		Long:  `Print what each of moat's exit codes means.`,
 		Run:   func(c *cobra.Command, _ []string) { fmt.Fprint(c.OutOrStdout(), exitCodesHelp) },
 	})
 	root.SetHelpCommand(&cobra.Command{
@@ -162,13 +163,37 @@ Start here:
 			return cmd.Help()
 		},
 	})
+	usageErrors(root)
 	return root
+}
+
+// usageErrors makes a wrong number of arguments, or an unknown command,
+// exit 2 (bad usage) as `moat help exit-codes` says, not 1: cobra returns
+// those as plain errors. A group of commands (moat network) run with an
+// unknown word says so instead of printing its help and exiting 0.
+func usageErrors(c *cobra.Command) {
+	if !c.Runnable() && c.HasSubCommands() {
+		c.Args = cobra.NoArgs
+		c.RunE = func(c *cobra.Command, _ []string) error { return c.Help() }
+	}
+	if check := c.Args; check != nil {
+		c.Args = func(cmd *cobra.Command, args []string) error {
+			if err := check(cmd, args); err != nil {
+				return codef(ExitUsage, "%v; see: %s --help", err, cmd.CommandPath())
+			}
+			return nil
+		}
+	}
+	for _, s := range c.Commands() {
+		usageErrors(s)
+	}
 }
 
 func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print moat's version",
+		Long:  `Print moat's version and the runsc it uses.`,
 		Args:  cobra.NoArgs,
 		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), "moat", Version) },
 	}
