@@ -138,14 +138,17 @@ import "time"
 // Schema is the version in every record's "schema" field (frozen).
 const Schema = 1
 
+// Verdict is a record's verdict. Its words are frozen (the audit's JSON).
+type Verdict string
+
 // Verdicts.
 const (
-	Allow   = "allow"
-	Deny    = "deny"
-	Dropped = "dropped" // the synthetic record that counts lost records
+	Allow   Verdict = "allow"
+	Deny    Verdict = "deny"
+	Dropped Verdict = "dropped" // the synthetic record that counts lost records
 	// WouldDeny is a flow the policy denies that went through because the
 	// sandbox runs in report mode.
-	WouldDeny = "would_deny"
+	WouldDeny Verdict = "would_deny"
 )
 
 // Record is one line of the audit log. The JSON names are frozen; see the
@@ -158,7 +161,7 @@ type Record struct {
 	Dst        string    `json:"dst"`
 	Name       string    `json:"name,omitempty"`
 	NameFrom   string    `json:"name_from,omitempty"`
-	Verdict    string    `json:"verdict"`
+	Verdict    Verdict   `json:"verdict"`
 	Rule       string    `json:"rule,omitempty"`
 	Layer      string    `json:"layer,omitempty"`
 	Reason     string    `json:"reason,omitempty"`

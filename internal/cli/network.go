@@ -231,7 +231,7 @@ func (e *env) denials(dir string) (*control.Denials, error) {
 	}
 	l := audit.NewLedger(1024)
 	err := audit.Read(filepath.Join(dir, "audit.jsonl"), func(r audit.Record) bool {
-		if r.Verdict == "deny" && r.Proto != "dns" {
+		if r.Verdict == audit.Deny && r.Proto != "dns" {
 			l.Add(r)
 		}
 		return true

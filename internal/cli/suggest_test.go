@@ -9,7 +9,7 @@ import (
 
 func TestSuggest(t *testing.T) {
 	rec := func(proto, verdict, dst, name, reason string) audit.Record {
-		return audit.Record{Proto: proto, Verdict: verdict, Dst: dst, Name: name, Reason: reason}
+		return audit.Record{Proto: proto, Verdict: audit.Verdict(verdict), Dst: dst, Name: name, Reason: reason}
 	}
 	none := "no rule allows it"
 	recs := []audit.Record{

@@ -13,6 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/policy"
 )
 
@@ -48,9 +49,9 @@ type NameDecider func(name string) (allowed bool, rule, layer string)
 
 // DNSEvent describes one query the guest sent and what it got.
 type DNSEvent struct {
-	Name    string // normalized; "" when the query did not parse
-	QType   string // "A", "AAAA", "TYPE65534", ...
-	Verdict string // "allow" or "deny": the decider's verdict on Name
+	Name    string        // normalized; "" when the query did not parse
+	QType   string        // "A", "AAAA", "TYPE65534", ...
+	Verdict audit.Verdict // audit.Allow or audit.Deny: the decider's verdict on Name
 	Rule    string
 	Layer   string
 	Answers []netip.Addr
@@ -112,7 +113,7 @@ func NewDNSServer(o DNSOptions) *DNSServer {
 // so the answer is not cut to fit a datagram. Every call produces exactly
 // one DNSAudit event.
 func (s *DNSServer) Handle(ctx context.Context, query []byte, tcp bool) []byte {
-	ev := DNSEvent{Verdict: "deny"}
+	ev := DNSEvent{Verdict: audit.Deny}
 	resp := s.handle(ctx, query, &ev)
 	if resp != nil {
 		ev.Rcode = rcodeName(resp.Rcode)
@@ -148,7 +149,7 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent) *rep
 		allowed, ev.Rule, ev.Layer = s.o.Decide(name)
 	}
 	if allowed {
-		ev.Verdict = "allow"
+		ev.Verdict = audit.Allow
 	}
 
 	switch q.Qtype {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"moat.dev/moat/internal/audit"
 )
 
 // allowList is a NameDecider over a fixed set of names.
@@ -171,7 +173,7 @@ func TestDNSAnswers(t *testing.T) {
 		wantPool  bool
 		wantTTL   uint32 // 0: not checked
 		wantUp    []string
-		verdict   string
+		verdict   audit.Verdict
 	}{
 		{"allowed A", query(t, "allowed.example.test", dns.TypeA), false, dns.RcodeSuccess, addrs("192.0.2.10"), false, 60, []string{"allowed.example.test"}, "allow"},
 		{"allowed A cached", query(t, "Allowed.Example.Test", dns.TypeA), false, dns.RcodeSuccess, addrs("192.0.2.10"), false, 60, nil, "allow"},

@@ -360,7 +360,7 @@ func (g *Gate) auditDNS(e DNSEvent) {
 	if e.Err != "" {
 		r.Reason = e.QType + ": " + e.Err
 	}
-	if e.Verdict == "deny" {
+	if e.Verdict == audit.Deny {
 		// A denied name is a denial worth counting only once it is
 		// connected to; DNS denials go to the audit log, not the ledger,
 		// or every lookup of a blocked tracker would fill it.
@@ -429,9 +429,9 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 		}
 	}
 	if ok {
-		rec.Verdict = "allow"
+		rec.Verdict = audit.Allow
 	} else {
-		rec.Verdict = "deny"
+		rec.Verdict = audit.Deny
 		if rec.Reason == "" {
 			rec.Reason = "no rule allows it"
 		}
@@ -459,7 +459,7 @@ func (g *Gate) namesOf(ip netip.Addr) []boundName {
 }
 
 func (g *Gate) denyRecord(proto string, dst netip.AddrPort, reason string) audit.Record {
-	return audit.Record{Proto: proto, Dst: dst.String(), Verdict: "deny", Reason: reason}
+	return audit.Record{Proto: proto, Dst: dst.String(), Verdict: audit.Deny, Reason: reason}
 }
 
 // Preresolve resolves the exact names of written allow rules and binds their

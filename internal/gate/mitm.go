@@ -407,7 +407,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	// refuse answers with the page; byRule says the policy refused this
 	// request (request rules), so the page offers a request rule.
 	refuse := func(reason string, byRule bool) {
-		rec.Verdict, rec.Reason = "deny", reason
+		rec.Verdict, rec.Reason = audit.Deny, reason
 		rf := g.refusalFor(ic.name, ic.port, *rec, byRule)
 		rf.serve(w)
 		done(rf.status)
@@ -415,7 +415,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 
 	if n := requests.Add(1); n > maxRequests {
 		requests.Add(-1)
-		rec.Verdict, rec.Reason = "deny", "too many requests in flight"
+		rec.Verdict, rec.Reason = audit.Deny, "too many requests in flight"
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "moat: too many requests in flight through the gate; retry", http.StatusServiceUnavailable)
 		done(http.StatusServiceUnavailable)
@@ -475,7 +475,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	cw := &statusWriter{ResponseWriter: w}
 	g.m.proxy.ServeHTTP(cw, r.WithContext(ctx))
 	if rec.Verdict == "" {
-		rec.Verdict = "allow"
+		rec.Verdict = audit.Allow
 	}
 	if a := rs.upstream.Load(); a != nil {
 		rec.Upstream = *a
@@ -699,13 +699,13 @@ func (g *Gate) upstreamFailed(w http.ResponseWriter, r *http.Request, err error)
 	if rs != nil {
 		rs.rec.Reason = "upstream: " + msg
 		if rs.rec.Verdict == "" {
-			rs.rec.Verdict = "allow"
+			rs.rec.Verdict = audit.Allow
 		}
 		var de *dialError
 		if errors.As(err, &de) && de.refusedClass != "" {
 			// As for a spliced flow: every address in a refused class
 			// (rebinding to a private address) is a denial, not an outage.
-			rs.rec.Verdict = "deny"
+			rs.rec.Verdict = audit.Deny
 		}
 	}
 	if r.Context().Err() != nil {

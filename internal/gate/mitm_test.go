@@ -1044,7 +1044,7 @@ To allow it, run on the host:
 	recs := f.done(t)
 	seen := map[string]int{}
 	for _, r := range recs {
-		seen[r.Name+" "+r.Method+" "+r.Path+" "+r.Verdict]++
+		seen[r.Name+" "+r.Method+" "+r.Path+" "+string(r.Verdict)]++
 	}
 	want := map[string]int{"api.test GET /echo deny": 1, "rules.test POST /echo deny": 1, "rules.test GET /echo allow": 1}
 	if len(recs) != 3 || !maps.Equal(seen, want) {

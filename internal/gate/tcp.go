@@ -189,7 +189,7 @@ func (g *Gate) decideQuestion(q Question) policy.Decision {
 
 // verdict is an allowed flow's verdict: would_deny when only report mode
 // let it through.
-func (t *tcpTrace) verdict() string {
+func (t *tcpTrace) verdict() audit.Verdict {
 	if t.wouldDeny {
 		return audit.WouldDeny
 	}
@@ -197,7 +197,7 @@ func (t *tcpTrace) verdict() string {
 }
 
 func (g *Gate) deny(t *tcpTrace) {
-	t.rec.Verdict = "deny"
+	t.rec.Verdict = audit.Deny
 	if t.rec.Reason == "" {
 		t.rec.Reason = "no rule allows it"
 	}
@@ -515,7 +515,7 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 	if errors.As(err, &de) && de.refusedClass != "" {
 		// Every address the name resolved to is in a refused class: that
 		// is a denial (rebinding to a private address, say).
-		t.rec.Verdict = "deny"
+		t.rec.Verdict = audit.Deny
 	}
 	t.rec.Reason = err.Error()
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
