@@ -280,7 +280,7 @@ type Hooks struct {
 const (
 	defaultCPUs    = 4
 	defaultPidsMax = 4096
-	// 30 min: DESIGN §8; long enough to read docs between prompts, short
+	// 30 min: long enough to read docs between prompts, short
 	// enough that forgotten sandboxes give their memory back.
 	defaultIdle = 30 * time.Minute
 )

@@ -70,7 +70,7 @@ func FormatSize(n uint64) string {
 	return strconv.FormatUint(n, 10) + "B"
 }
 
-// minIdle: the idle watchdog samples once a minute (DESIGN §8), so a
+// minIdle: the idle watchdog samples once a minute (docs/resources.md), so a
 // shorter timeout could not be honoured; refusing it beats pretending.
 const minIdle = time.Minute
 

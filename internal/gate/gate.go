@@ -213,7 +213,7 @@ func (g *Gate) Bindings() *Bindings { return g.binds }
 func (g *Gate) Counts() (allowed, denied int64) { return g.allowed.Load(), g.denied.Load() }
 
 // livePolicy is the policy decisions use now: none, which denies
-// everything, while the audit log cannot be written (ATTACKS 28: a full
+// everything, while the audit log cannot be written (threat model 28: a full
 // disk), since nothing may go through that is not recorded.
 func (g *Gate) livePolicy() *policy.Policy {
 	if g.unaudited() != nil {

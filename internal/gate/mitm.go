@@ -94,14 +94,14 @@ type Credentials interface {
 // connections, across the daemon. Each holds a goroutine or two and
 // buffers on both legs, and HTTP/2 lets one connection carry many: 8192
 // connections times 100 streams would take the daemon's memory with them
-// (ATTACKS 30). 4096 is far above what an agent or a build keeps in
+// (threat model 30). 4096 is far above what an agent or a build keeps in
 // flight; beyond it a request is answered 503 with Retry-After.
 const maxRequests = 4096
 
 var requests atomic.Int64
 
 // reasonFronting starts the reason of a request whose Host names another
-// host than the TLS connection's SNI (ATTACKS 11).
+// host than the TLS connection's SNI (threat model 11).
 const reasonFronting = "the request names another host than its TLS connection"
 
 // Timeouts of the intercepted path. None applies to bodies: a download,
@@ -111,7 +111,7 @@ const (
 	// requests. Clients pool connections for about as long.
 	guestIdle = 2 * time.Minute
 	// guestHeader: how long a request head may take to arrive once begun
-	// (slow-loris, ATTACKS 30).
+	// (slow-loris, threat model 30).
 	guestHeader = 30 * time.Second
 	// upstreamHandshake bounds the TLS handshake with the real host.
 	upstreamHandshake = 10 * time.Second
@@ -869,7 +869,7 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // plainRequestAllowed applies to a plain-HTTP request what the gate knows
 // of its host beyond the name: a host a secret is bound to gets nothing in
-// the clear (ATTACKS 25: the guest would send the placeholder, and a gate
+// the clear (threat model 25: the guest would send the placeholder, and a gate
 // that swapped it would put the secret on the wire), and request rules
 // decide its method and path. The connection carries this one request
 // (forceClose), so deciding its head decides the connection.

@@ -29,7 +29,7 @@ type TCPFlow struct {
 // DefaultMaxConnections bounds the connections one sandbox may hold open
 // through the gate at once when Options.MaxConnections is unset: far
 // above what a build or an agent opens (npm peaks in the low hundreds).
-// The daemon sets its own, from the memory it may use (ATTACKS 30).
+// The daemon sets its own, from the memory it may use (threat model 30).
 const DefaultMaxConnections = 1024
 
 // maxPeek bounds the bytes read before a decision: a ClientHello is a few

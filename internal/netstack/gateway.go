@@ -16,7 +16,7 @@ import (
 // ports other than DNS: the reverse port forwards (guest → host). The
 // daemon fills it in. They are decided here, in the front end, and never
 // by the gate: a connection to the gateway is a connection to the host,
-// which no egress rule may open (DESIGN §4, upstream address classes).
+// which no egress rule may open (docs/network.md, address classes).
 type GatewayPorts interface {
 	// Open is asked on the packet path for each SYN to the gateway's
 	// port; false refuses it with a reset, and Open audits the refusal.

@@ -35,7 +35,7 @@ import (
 
 // The sandbox's addressing. Every sandbox has the same addresses: each lives
 // in its own network namespace and talks only to its own daemon, so they
-// never meet (ATTACKS 21).
+// never meet (threat model 21).
 var (
 	Gateway   = netip.MustParseAddr("10.88.0.1")
 	Guest     = netip.MustParseAddr("10.88.0.2")

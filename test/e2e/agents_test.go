@@ -1,6 +1,6 @@
 package e2e
 
-// End-to-end tests of the agent presets (issue 16, parts 1-3): the real Claude Code and Codex,
+// End-to-end tests of the agent presets: the real Claude Code and Codex,
 // installed from their npm packages through the gate as a user would, against a stand-in model
 // API on the test internet (inet.ModelAPI) that serves the agents' real host names with the test
 // CA, which the sandbox trusts ([network] trust).

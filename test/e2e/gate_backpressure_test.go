@@ -24,7 +24,7 @@ const stalledDownloads = 1000
 // sandbox's fetches.
 const holdFor = 100 * time.Second
 
-// TestGateBackpressure is issue 17's host memory attack: a guest in a
+// TestGateBackpressure is threat model 35, the host memory attack: a guest in a
 // sandbox with memory_max = 1GiB opens 1,000 downloads of 1 GiB each and
 // reads none of them. Before backpressure the daemon buffered about 4 MiB
 // of each (2.7 GiB for 600). Now each connection's windows are small, the

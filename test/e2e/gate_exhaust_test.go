@@ -27,7 +27,7 @@ const (
 	daemonRSSMax = 512 << 20        // the flooded sandbox's daemon's peak (VmHWM)
 )
 
-// TestGateUnderLoad is ATTACKS 30: from inside one sandbox, thousands of connections that hold
+// TestGateUnderLoad is threat model 30: from inside one sandbox, thousands of connections that hold
 // the gate's resources without giving it what it waits for (nothing sent, a request head
 // trickled one byte at a time, a head and a ClientHello far over the gate's bounds, idle
 // DNS-over-TCP). The gate closes every one of them within its bounds, dials nothing upstream
