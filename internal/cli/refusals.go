@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/netip"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -67,14 +66,12 @@ func refusalsSince(entries []audit.Entry, since time.Time) []audit.Entry {
 	return out
 }
 
+// refusalWhy is the reason as `moat network denials` and the audit give it.
 func refusalWhy(en audit.Entry) string {
-	if en.Rule != "" {
-		return "blocked by rule " + strconv.Quote(en.Rule)
+	if why := audit.Why(en.Layer, en.Rule, en.Reason); why != "" {
+		return why
 	}
-	if en.Reason == "" {
-		return "no rule allows it"
-	}
-	return en.Reason
+	return "no rule allows it"
 }
 
 // allowHint is the command that allows en, or what to do instead when no
