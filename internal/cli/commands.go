@@ -35,11 +35,15 @@ func (e *env) attach(dir string, argv []string, workdir string) error {
 // attachEnv is attach with extra session environment (secrets'
 // placeholders, a preset's variables).
 func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[string]string) error {
-	sessEnv, err := withConfigEnv(dir, sessEnv)
+	rec, err := state.Load(dir)
 	if err != nil {
 		return err
 	}
-	if err := usableWorkspace(dir); err != nil {
+	sessEnv, err = withConfigEnv(rec, sessEnv)
+	if err != nil {
+		return err
+	}
+	if err := usableWorkspace(rec); err != nil {
 		return withCode(ExitRun, err)
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), unix.SIGPIPE)

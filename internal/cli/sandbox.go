@@ -330,9 +330,13 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 // spawnDaemon starts the daemon and waits for its word on the ready pipe;
 // with connect, it connects to the session proxy meanwhile.
 func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
+	rec, err := state.Load(dir)
+	if err != nil {
+		return nil, err
+	}
 	// A ${VAR:?message} in [env] refuses the start too, not only the
 	// session: on_up hooks and everything after them would miss VAR.
-	if _, err := withConfigEnv(dir, nil); err != nil {
+	if _, err := withConfigEnv(rec, nil); err != nil {
 		return nil, err
 	}
 	rd, wr, err := os.Pipe()
@@ -351,11 +355,6 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	cmd := exec.Command(e.exe, "__daemon", dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	rec, err := state.Load(dir)
-	if err != nil {
-		wr.Close()
-		return nil, err
-	}
 	environ, values, err := daemonEnviron(rec)
 	if err != nil {
 		wr.Close()

@@ -48,11 +48,7 @@ func configEnv(cfg config.Config, lookup func(string) (string, bool)) (map[strin
 // withConfigEnv adds the sandbox's [env] to a session's environment. The
 // declared names win over anything moat itself sets (placeholders, a
 // preset's variables): the user said so.
-func withConfigEnv(dir string, sessEnv map[string]string) (map[string]string, error) {
-	rec, err := state.Load(dir)
-	if err != nil {
-		return nil, err
-	}
+func withConfigEnv(rec *state.Record, sessEnv map[string]string) (map[string]string, error) {
 	sessEnv = withPresetEnv(rec, sessEnv)
 	cfg, err := snapshot(rec)
 	if err != nil {

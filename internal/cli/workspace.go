@@ -13,11 +13,7 @@ import (
 // usableWorkspace refuses a session in a workspace the agent user cannot
 // enter and read: the command would fail inside the guest with a bare
 // "permission denied" that names neither the directory nor the reason.
-func usableWorkspace(dir string) error {
-	rec, err := state.Load(dir)
-	if err != nil {
-		return nil // the start reports a record it cannot read
-	}
+func usableWorkspace(rec *state.Record) error {
 	var st syscall.Stat_t
 	if err := syscall.Stat(rec.Workspace, &st); err != nil {
 		return nil // the start reports a workspace that is gone
