@@ -42,6 +42,9 @@ func Read(path string, fn func(Record) bool) error {
 		its[i] = &fileIter{names: append(files, p)}
 	}
 	kept, noise := its[0], its[1]
+	// fn may stop the merge, and an error may end it, with a file open.
+	defer kept.close()
+	defer noise.close()
 	rk, okK, err := kept.next()
 	if err != nil {
 		return err
@@ -110,12 +113,20 @@ func (it *fileIter) next() (Record, bool, error) {
 			continue
 		}
 		if err != nil {
-			it.f.Close()
+			it.close()
 			return Record{}, false, fmt.Errorf("reading audit log: %w", err)
 		}
 		if r, ok := parseLine(line); ok {
 			return r, true, nil
 		}
+	}
+}
+
+// close closes the file being read, if any.
+func (it *fileIter) close() {
+	if it.f != nil {
+		it.f.Close()
+		it.f, it.br = nil, nil
 	}
 }
 
