@@ -7,21 +7,18 @@ import (
 	"os"
 	"time"
 
-	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/state"
 )
 
 // limitsOf reads a sandbox's limits from its configuration snapshot. A
-// snapshot that cannot be read counts with the defaults (a 4 GiB
-// ceiling), not as nothing: admission must not let a sandbox in because
-// another's record is damaged.
+// snapshot that cannot be read is the zero configuration, which
+// FromConfig counts with the default limits (a 4 GiB ceiling), never as
+// nothing: admission must not let a sandbox in because another's record
+// is damaged (TestLimitsOfDamagedSnapshot).
 func limitsOf(r *state.Record) resources.Limits {
-	cfg, err := r.Snapshot()
-	if err != nil {
-		cfg = config.Defaults()
-	}
+	cfg, _ := r.Snapshot()
 	return resources.FromConfig(cfg.Sandbox)
 }
 

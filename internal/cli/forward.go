@@ -13,7 +13,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/forward"
@@ -60,7 +59,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 		Example: fmt.Sprintf("  moat forward %s api 8080:80\n  moat forward %s --reverse api 5432", op, op),
 		Args:    cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			_, dir, rec, err := sandboxNamed(args[0])
+			_, dir, _, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -76,20 +75,20 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 					return withCode(ExitUsage, err)
 				}
 			}
-			cfg, err := configOf(rec)
-			if err != nil {
-				return err
-			}
 			running := false
 			err = liveOrRecord(dir, func(ctx context.Context, c *control.Client) error {
 				running = true
 				_, err := c.ChangeForward(ctx, ch)
 				return err
 			}, func(r *state.Record) error {
+				cfg, err := r.Snapshot()
+				if err != nil {
+					return err
+				}
 				if r.Forwards == nil {
 					r.Forwards = &state.RuntimeForwards{}
 				}
-				err := daemon.ApplyForwardChange(r.Forwards, cfg.Forwards, args[0], ch)
+				err = daemon.ApplyForwardChange(r.Forwards, cfg.Forwards, args[0], ch)
 				if errors.Is(err, forward.ErrSpec) {
 					return withCode(ExitUsage, err)
 				}
@@ -129,10 +128,6 @@ func describeTarget(w control.Forward) string {
 		return "host " + w.Target
 	}
 	return fmt.Sprintf("guest port %d", w.Guest)
-}
-
-func configOf(rec *state.Record) (config.Config, error) {
-	return rec.Snapshot()
 }
 
 func newForwardListCmd() *cobra.Command {
@@ -176,7 +171,7 @@ func forwardsOf(dir string, rec *state.Record) ([]control.Forward, error) {
 			return f.Forwards, nil
 		}
 	}
-	cfg, err := configOf(rec)
+	cfg, err := rec.Snapshot()
 	if err != nil {
 		return nil, err
 	}

@@ -423,7 +423,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 // the control socket: a preset's key with the preset, rotated secrets with
 // `moat secrets refresh`.
 func daemonEnviron(rec *state.Record) ([]string, map[string]string, error) {
-	cfg, err := snapshot(rec)
+	cfg, err := rec.Snapshot()
 	if err != nil {
 		return nil, nil, err
 	}

@@ -18,11 +18,6 @@ import (
 	"moat.dev/moat/internal/state"
 )
 
-// snapshot is the configuration the sandbox was created with.
-func snapshot(rec *state.Record) (config.Config, error) {
-	return rec.Snapshot()
-}
-
 // configEnv expands the sandbox's [env] entries with the host's
 // environment as it is now: values are read at each session start and go
 // only into that session's environment, never to disk. A ${VAR:?message}
@@ -50,7 +45,7 @@ func configEnv(cfg config.Config, lookup func(string) (string, bool)) (map[strin
 // preset's variables): the user said so.
 func withConfigEnv(rec *state.Record, sessEnv map[string]string) (map[string]string, error) {
 	sessEnv = withPresetEnv(rec, sessEnv)
-	cfg, err := snapshot(rec)
+	cfg, err := rec.Snapshot()
 	if err != nil {
 		return nil, err
 	}
