@@ -28,6 +28,7 @@
 package runtime
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -132,14 +133,7 @@ func ReadPlan(path string) (*Plan, error) {
 // runscArgs are RunscArgs for this plan: without --ignore-cgroups when the
 // sandbox has its own cgroup.
 func (p *Plan) runscArgs(debug bool) []string {
-	a := RunscArgs(p.StateDir, debug)
-	if p.Platform != "" {
-		for i, f := range a {
-			if f == "--platform="+PlatformSystrap {
-				a[i] = "--platform=" + p.Platform
-			}
-		}
-	}
+	a := RunscArgs(p.StateDir, p.Platform, debug)
 	if p.CgroupsPath == "" {
 		return a
 	}
@@ -152,16 +146,17 @@ func (p *Plan) runscArgs(debug bool) []string {
 	return out
 }
 
-// RunscArgs are the global flags every runsc call for this sandbox uses.
-func RunscArgs(stateDir string, debug bool) []string {
+// RunscArgs are the global flags every runsc call for this sandbox uses,
+// on platform (ChoosePlatform's; "" is systrap).
+func RunscArgs(stateDir, platform string, debug bool) []string {
 	a := []string{
 		"--root=" + RunscRoot(stateDir),
-		"--platform=systrap", // Plan.Platform replaces it (ChoosePlatform)
-		"--network=sandbox",  // gVisor's netstack owns tap0; the host kernel routes nothing
-		"--overlay2=none",    // our own overlay holds the writable layer, so it survives down/up
-		"--ignore-cgroups",   // dropped when moat made the sandbox's cgroup (Plan.runscArgs)
-		"--host-uds=none",    // no host unix sockets reachable (threat model 8)
-		"--allow-suid",       // sudo in the guest: it elevates to root of the guest kernel only
+		"--platform=" + cmp.Or(platform, PlatformSystrap),
+		"--network=sandbox", // gVisor's netstack owns tap0; the host kernel routes nothing
+		"--overlay2=none",   // our own overlay holds the writable layer, so it survives down/up
+		"--ignore-cgroups",  // dropped when moat made the sandbox's cgroup (Plan.runscArgs)
+		"--host-uds=none",   // no host unix sockets reachable (threat model 8)
+		"--allow-suid",      // sudo in the guest: it elevates to root of the guest kernel only
 		"--log-format=text",
 		// tap0's frames go to the daemon through a local fd: no queueing
 		// discipline and no processor goroutines between the socket and

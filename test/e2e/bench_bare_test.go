@@ -63,7 +63,7 @@ func startBare(t *testing.T, n *inet.Net) *bareRunsc {
 	ip(t, "-n", b.ns, "link", "set", bareLink, "mtu", strconv.Itoa(netstack.MTU), "up")
 	ip(t, "-n", b.ns, "link", "set", "lo", "up")
 
-	for _, f := range runtime.RunscArgs(dir, false) {
+	for _, f := range runtime.RunscArgs(dir, "", false) {
 		if f != "--tx-checksum-offload" && f != "--overlay2=none" && !strings.HasPrefix(f, "--root=") {
 			b.flags = append(b.flags, f)
 		}
