@@ -104,7 +104,7 @@ func unescapeBackslash(t []byte, buf *[8]byte) ([]byte, int, style) {
 		buf[0] = '/'
 		return buf[:1], 2, styleJSONSlash
 	case 'b', 'f', 'n', 'r', 't':
-		buf[0] = map[byte]byte{'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}[c]
+		buf[0] = "\b\f\n\r\t"[bytes.IndexByte([]byte("bfnrt"), c)]
 		return buf[:1], 2, styleRaw
 	case 'x':
 		if len(t) < 4 {
