@@ -101,12 +101,7 @@ func MergeClaudeConfig(old []byte, in SeedInput) ([]byte, bool, error) {
 		if d == "" {
 			continue
 		}
-		p, _ := projects[d].(map[string]any)
-		if p == nil {
-			p = map[string]any{}
-			projects[d] = p
-		}
-		p["hasTrustDialogAccepted"] = true
+		object(projects, d)["hasTrustDialogAccepted"] = true
 	}
 	after := mustJSON(m)
 	return after, !bytes.Equal(before, after), nil
@@ -162,12 +157,7 @@ func MergeCodexConfig(old []byte, in SeedInput) ([]byte, bool, error) {
 		if d == "" {
 			continue
 		}
-		p, _ := projects[d].(map[string]any)
-		if p == nil {
-			p = map[string]any{}
-			projects[d] = p
-		}
-		set(p, "trust_level", "trusted")
+		set(object(projects, d), "trust_level", "trusted")
 	}
 	if !changed {
 		return old, false, nil

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"moat.dev/moat/internal/secret"
+	"moat.dev/moat/internal/state"
 )
 
 // SeedRole is the hidden role of the moat binary that `moat run PRESET`
@@ -143,19 +144,7 @@ func mergeFile(path string, in SeedInput, merge func([]byte, SeedInput) ([]byte,
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".moat-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(out); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
+	return state.WriteAtomic(path, out, 0o600)
 }
 
 // installedVersion reads the version of the npm package pkg that the
