@@ -339,11 +339,6 @@ func (g *Gate) auditStart(t *tcpTrace) {
 // fields with bytes and duration. It counts nothing: the decision was
 // counted at its start.
 func (g *Gate) auditEnd(t *tcpTrace) {
-	if t.rec.Flow == "" {
-		// Not started (cannot happen): a whole record, counted.
-		g.audit(t.rec)
-		return
-	}
 	r := t.rec
 	r.Phase, r.Sandbox = audit.PhaseEnd, g.o.Sandbox
 	if g.o.Audit != nil {
