@@ -147,6 +147,12 @@ func (rp *Reaper) Dismiss() {
 // (bounded) for the group to empty, kills what is still inside, removes the
 // group and its record, and exits, releasing the group lock.
 func Reap(stateDir string, daemonPID int) int {
+	// First of all: the parent-death signal is SIGTERM, whose default
+	// action would end the reaper silently, groups left behind, if the
+	// daemon died while the reaper was still joining the daemon's cgroup
+	// (a dozen hierarchies on v1, slow on a loaded host).
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	pipe := os.NewFile(reaperPipeFD, "reaper-pipe")
 	lock := os.NewFile(reaperLockFD, "cgroup-lock")
 	defer lock.Close()
@@ -184,8 +190,6 @@ func Reap(stateDir string, daemonPID int) int {
 		n, _ := pipe.Read(b)
 		dismissed <- n == 1 && b[0] == doneByte
 	}()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	for {
 		select {
 		case d := <-dismissed:
