@@ -363,7 +363,15 @@ func FuzzScrubBody(f *testing.F) {
 		i := int(at) % (len(data) + 1)
 		body := append(append(append([]byte{}, data[:i]...), canary...), data[i:]...)
 		want := s.ScrubString(string(body))
-		if strings.Contains(want, canary) {
+		// Placeholders masked: one whose last byte is the value's first,
+		// followed by the rest of a value the data cut in two (which no
+		// scrubbing of whole values can match), would spell the value
+		// without any of it having been left in.
+		masked := want
+		for _, ph := range s.Placeholders() {
+			masked = strings.ReplaceAll(masked, ph, "\x00")
+		}
+		if strings.Contains(masked, canary) {
 			t.Fatalf("ScrubString leaves the value in %q", want)
 		}
 		rng := rand.New(rand.NewPCG(seed, seed))
