@@ -111,7 +111,7 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	}
 	d.o.Guest.CAFile = guestspec.CAFile
 
-	rec, err := state.Load(d.o.Dir)
+	rec, err := d.record()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -166,7 +166,7 @@ func (d *daemon) keepPlaceholders(old map[string]string, set *secret.Set) error 
 	if maps.Equal(old, ph) {
 		return nil
 	}
-	return state.Update(d.o.Dir, func(r *state.Record) error {
+	return d.updateRecord(func(r *state.Record) error {
 		r.Placeholders = ph
 		return nil
 	})
@@ -279,13 +279,13 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 	c := d.creds
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	rec, err := state.Load(d.o.Dir)
+	rec, err := d.record()
 	if err != nil {
 		return nil, err
 	}
 	presets := rec.Presets
 	if added := !slices.Contains(presets, name); added {
-		if err := state.Update(d.o.Dir, func(r *state.Record) error {
+		if err := d.updateRecord(func(r *state.Record) error {
 			if !slices.Contains(r.Presets, name) {
 				r.Presets = append(r.Presets, name)
 			}

@@ -156,7 +156,7 @@ func (d *daemon) run() error {
 		return err
 	}
 	d.started = time.Now()
-	if err := state.Update(d.o.Dir, func(r *state.Record) error {
+	if err := d.updateRecord(func(r *state.Record) error {
 		r.State, r.StopReason, r.Error = state.StateStarting, "", ""
 		r.DaemonPID, r.Started = os.Getpid(), d.started
 		return nil
@@ -260,7 +260,7 @@ func (d *daemon) run() error {
 		return err
 	}
 	done()
-	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateRunning; return nil })
+	d.updateRecord(func(r *state.Record) error { r.State = state.StateRunning; return nil })
 	d.log.Info("sandbox running", append([]any{"boot_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	close(d.booted)
 	d.servingProcs()
@@ -297,7 +297,7 @@ func (d *daemon) run() error {
 		}
 	case <-d.stopCh:
 	}
-	state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateStopping; return nil })
+	d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
 	d.stopGuest(exited)
 	d.setStopped(d.stopReason, nil)
 	d.log.Info("sandbox stopped", "reason", d.stopReason)
@@ -503,7 +503,7 @@ func (d *daemon) kill() {
 }
 
 func (d *daemon) setStopped(reason string, cause error) {
-	state.Update(d.o.Dir, func(r *state.Record) error {
+	d.updateRecord(func(r *state.Record) error {
 		r.State, r.StopReason, r.Stopped, r.DaemonPID = state.StateStopped, reason, time.Now(), 0
 		r.Error = ""
 		if cause != nil {
@@ -555,7 +555,7 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 }
 
 func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
-	rec, _ := state.Load(d.o.Dir)
+	rec, _ := d.record()
 	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef,
 		Platform: d.o.Plan.Platform}
 	if d.net != nil {

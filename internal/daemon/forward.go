@@ -82,7 +82,7 @@ func (d *daemon) startForwards(ctx context.Context) func() {
 	f.table.Store(&forward.Table{})
 	d.fwd = f
 	d.stack.SetGateway(f)
-	cfg, rec, err := forwardConfig(d.o.Dir)
+	cfg, rec, err := d.forwardConfig()
 	if err != nil {
 		f.log.Warn("reading the forwards; none started", "err", err)
 	} else {
@@ -95,8 +95,8 @@ func (d *daemon) startForwards(ctx context.Context) func() {
 
 // forwardConfig reads the configuration's forwards from the snapshot in
 // the record, and the record with its runtime forwards.
-func forwardConfig(dir string) (config.Forwards, *state.Record, error) {
-	rec, err := state.Load(dir)
+func (d *daemon) forwardConfig() (config.Forwards, *state.Record, error) {
+	rec, err := d.record()
 	if err != nil {
 		return config.Forwards{}, nil, err
 	}
@@ -362,7 +362,7 @@ func (f *forwards) audit(r audit.Record) {
 
 // list is the forwards in force with their status.
 func (f *forwards) list() ([]control.Forward, error) {
-	cfg, rec, err := forwardConfig(f.d.o.Dir)
+	cfg, rec, err := f.d.forwardConfig()
 	if err != nil {
 		return nil, err
 	}
@@ -426,7 +426,7 @@ func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox 
 func (f *forwards) change(ch control.ForwardChange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return state.Update(f.d.o.Dir, func(rec *state.Record) error {
+	return f.d.updateRecord(func(rec *state.Record) error {
 		cfg, err := rec.Snapshot()
 		if err != nil {
 			return err

@@ -82,7 +82,7 @@ func (d *daemon) runHooks(ctx context.Context) error {
 	if len(hooks.OnCreate) == 0 && len(hooks.OnUp) == 0 {
 		return nil
 	}
-	rec, err := state.Load(d.o.Dir)
+	rec, err := d.record()
 	if err != nil {
 		return err
 	}
@@ -91,9 +91,9 @@ func (d *daemon) runHooks(ctx context.Context) error {
 		return err
 	}
 	out := &hookOut{ready: d.o.Ready, log: d.logOut()}
-	defer state.Update(d.o.Dir, func(r *state.Record) error { r.Hook = ""; return nil })
+	defer d.updateRecord(func(r *state.Record) error { r.Hook = ""; return nil })
 	run := func(phase string, i int, cmd string) (int, error) {
-		state.Update(d.o.Dir, func(r *state.Record) error {
+		d.updateRecord(func(r *state.Record) error {
 			r.Hook = fmt.Sprintf("%s %d/%d", phase, i+1, len(hooks.OnCreate)+len(hooks.OnUp))
 			return nil
 		})
@@ -114,7 +114,7 @@ func (d *daemon) runHooks(ctx context.Context) error {
 				return fmt.Errorf("on_create %q failed (%v); the sandbox is not set up, and its next start runs on_create again from the start", cmd, err)
 			}
 		}
-		if err := state.Update(d.o.Dir, func(r *state.Record) error { r.SetUp = true; return nil }); err != nil {
+		if err := d.updateRecord(func(r *state.Record) error { r.SetUp = true; return nil }); err != nil {
 			return err
 		}
 	}
@@ -171,7 +171,7 @@ func (d *daemon) hooks(ctx context.Context, exited chan error, sigs chan os.Sign
 			return nil
 		}
 		d.log.Warn("set-up failed", "err", err)
-		state.Update(d.o.Dir, func(r *state.Record) error { r.State = state.StateStopping; return nil })
+		d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
 		d.stopGuest(exited)
 		d.setStopped(state.StopError, err)
 		return err

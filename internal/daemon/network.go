@@ -448,7 +448,7 @@ func (d *daemon) handleChangeRules(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: "reading the rule change: " + err.Error()})
 		return
 	}
-	err := state.Update(d.o.Dir, func(rec *state.Record) error {
+	err := d.updateRecord(func(rec *state.Record) error {
 		if rec.Rules == nil {
 			rec.Rules = &state.RuntimeRules{}
 		}

@@ -72,7 +72,7 @@ func (d *daemon) startGroup() (func(), error) {
 			note := fmt.Sprintf("out of memory: the sandbox reached its memory ceiling (memory_max %s) and the kernel's OOM killer stopped it (%d OOM kills); raise memory_max or use less memory",
 				resources.FormatMiB(d.o.Limits.CeilingBytes), s.OOMKills)
 			d.log.Warn("sandbox OOM-killed at its ceiling", "oom_kills", s.OOMKills)
-			state.Update(d.o.Dir, func(r *state.Record) error {
+			d.updateRecord(func(r *state.Record) error {
 				if r.Error == "" {
 					r.Error = note
 				} else {
@@ -271,7 +271,7 @@ func (d *daemon) oomKill(ctx context.Context, workingSet uint64) (victimRSS uint
 	d.guard.kills++
 	d.guard.last = note
 	d.guard.mu.Unlock()
-	state.Update(d.o.Dir, func(r *state.Record) error {
+	d.updateRecord(func(r *state.Record) error {
 		r.GuestOOMKills++
 		r.LastOOMKill = note
 		return nil

@@ -314,7 +314,7 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 		return res, err
 	}
 	res.File = file
-	err = state.Update(d.o.Dir, func(rec *state.Record) error {
+	err = d.updateRecord(func(rec *state.Record) error {
 		if rec.Rules == nil {
 			rec.Rules = &state.RuntimeRules{}
 		}
@@ -335,7 +335,7 @@ func (d *daemon) scopeFile(scope string) (string, error) {
 		}
 		return d.o.Network.UserConfig, nil
 	}
-	rec, err := state.Load(d.o.Dir)
+	rec, err := d.record()
 	if err != nil {
 		return "", err
 	}
