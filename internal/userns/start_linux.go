@@ -1,0 +1,251 @@
+package userns
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"os/user"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config is what Start needs: the two maps and the helpers that write
+// them.
+type Config struct {
+	User           string // for errors
+	UIDMap, GIDMap []IDMap
+	NewUIDMap      string // path of newuidmap
+	NewGIDMap      string // path of newgidmap
+}
+
+// Current is the Config for the user this process runs as, from
+// /etc/subuid, /etc/subgid and the helpers on PATH (or in /usr/bin).
+func Current() (*Config, error) {
+	u, err := user.Current()
+	if err != nil {
+		return nil, fmt.Errorf("looking up the current user: %w", err)
+	}
+	return ConfigFor(u, SubUIDFile, SubGIDFile)
+}
+
+// ConfigFor is the Config for u with the given subordinate id files.
+func ConfigFor(u *user.User, subuidFile, subgidFile string) (*Config, error) {
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %s has the non-numeric uid %q", u.Username, u.Uid)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("user %s has the non-numeric gid %q", u.Username, u.Gid)
+	}
+	c := &Config{User: u.Username}
+	if c.UIDMap, err = mapFromFile(uint32(uid), subuidFile, u.Username, uint32(uid)); err != nil {
+		return nil, err
+	}
+	// /etc/subgid is keyed by user too (name or uid), not by group.
+	if c.GIDMap, err = mapFromFile(uint32(gid), subgidFile, u.Username, uint32(uid)); err != nil {
+		return nil, err
+	}
+	if c.NewUIDMap, err = idMapTool("newuidmap"); err != nil {
+		return nil, err
+	}
+	if c.NewGIDMap, err = idMapTool("newgidmap"); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func mapFromFile(id uint32, file, name string, uid uint32) ([]IDMap, error) {
+	f, err := os.Open(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %s does not exist; %s", ErrNoSubIDs, file, fixSubIDs(name))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading %s: %w", file, err)
+	}
+	defer f.Close()
+	ranges, err := ParseSubIDs(f, file, name, uid)
+	if err != nil {
+		return nil, err
+	}
+	if len(ranges) == 0 {
+		return nil, fmt.Errorf("%w: %s has no range for user %s; %s", ErrNoSubIDs, file, name, fixSubIDs(name))
+	}
+	return Maps(id, ranges, file, name)
+}
+
+// idMapTool finds newuidmap or newgidmap: on PATH, else where Debian
+// installs it (a daemon's PATH may be minimal).
+func idMapTool(name string) (string, error) {
+	p, err := exec.LookPath(name)
+	if err != nil {
+		p = "/usr/bin/" + name
+	}
+	fi, err := os.Stat(p)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s is not installed; as root: apt-get install uidmap", ErrNoIDMapTool, name)
+	}
+	if !privileged(p, fi) {
+		return "", fmt.Errorf("%w: %s is neither setuid root nor has file capabilities, so it cannot write a map; as root: apt-get install --reinstall uidmap (or chmod u+s %s)",
+			ErrNoIDMapTool, p, p)
+	}
+	return p, nil
+}
+
+// privileged: setuid root (Debian), or file capabilities (some
+// distributions ship newuidmap with cap_setuid instead).
+func privileged(path string, fi fs.FileInfo) bool {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid == 0 && fi.Mode()&fs.ModeSetuid != 0 {
+		return true
+	}
+	n, err := unix.Getxattr(path, "security.capability", nil)
+	return err == nil && n > 0
+}
+
+// SyncEnv names, in the child's environment, the fd of its end of the
+// socket it waits on.
+const SyncEnv = "MOAT_USERNS_SYNC"
+
+// The two words on the sync socket.
+const (
+	wordArmed  = 'a' // child → parent: its parent-death signal is set
+	wordMapped = 'm' // parent → child: both maps are written
+)
+
+// armTimeout bounds the wait for the child's first word: a Go binary's
+// start on a loaded two-core host, with margin.
+const armTimeout = 30 * time.Second
+
+// Start starts cmd in a new user namespace with c's maps, and in the
+// namespaces of cmd.SysProcAttr.Cloneflags and Unshareflags (mount,
+// network, PID: they then belong to the new user namespace). It returns
+// once the maps are written and the child, which must call Wait first,
+// goes on; on an error it kills the child. The child's Pdeathsig, if
+// set, holds (Wait sets it again after exec, which clears it).
+func (c *Config) Start(cmd *exec.Cmd) error {
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("creating the user namespace's sync socket: %w", err)
+	}
+	ours := os.NewFile(uintptr(pair[0]), "userns-sync")
+	theirs := os.NewFile(uintptr(pair[1]), "userns-sync-child")
+	defer ours.Close()
+	fd := 3 + len(cmd.ExtraFiles)
+	cmd.ExtraFiles = append(cmd.ExtraFiles, theirs)
+	if cmd.Env == nil {
+		cmd.Env = os.Environ()
+	}
+	cmd.Env = append(cmd.Env, SyncEnv+"="+strconv.Itoa(fd))
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Cloneflags |= syscall.CLONE_NEWUSER
+	// Until the maps are written the child's uid is unmapped, so its exec
+	// would drop every capability the clone gave it in the new namespace;
+	// as ambient capabilities they survive the exec.
+	caps, err := allCaps()
+	if err != nil {
+		theirs.Close()
+		return err
+	}
+	cmd.SysProcAttr.AmbientCaps = caps
+	err = cmd.Start()
+	theirs.Close()
+	if err != nil {
+		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EACCES) {
+			return fmt.Errorf("%w: creating a user namespace: %v; %s", ErrDisabled, err, fixDisabled)
+		}
+		return fmt.Errorf("starting %s in a user namespace: %w", cmd.Path, err)
+	}
+	if err := c.handshake(ours, cmd.Process.Pid); err != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return err
+	}
+	return nil
+}
+
+func (c *Config) handshake(sync *os.File, pid int) error {
+	sync.SetReadDeadline(time.Now().Add(armTimeout))
+	b := make([]byte, 1)
+	if n, err := sync.Read(b); n != 1 || b[0] != wordArmed {
+		return fmt.Errorf("the child in the user namespace did not get ready (it must call userns.Wait first): %v", err)
+	}
+	for _, m := range []struct {
+		tool string
+		maps []IDMap
+	}{{c.NewUIDMap, c.UIDMap}, {c.NewGIDMap, c.GIDMap}} {
+		var stderr bytes.Buffer
+		run := exec.Command(m.tool, args(pid, m.maps)...)
+		run.Stderr = &stderr
+		if err := run.Run(); err != nil {
+			return fmt.Errorf("%w: %s %s: %v: %s (it checks the ranges against /etc/subuid and /etc/subgid for user %s)",
+				ErrNoIDMapTool, m.tool, strings.Join(run.Args[1:], " "), err, strings.TrimSpace(stderr.String()), c.User)
+		}
+	}
+	if _, err := sync.Write([]byte{wordMapped}); err != nil {
+		return fmt.Errorf("telling the child its maps are written: %w", err)
+	}
+	return nil
+}
+
+// Wait is the first thing a child started by Start does: it sets the
+// parent-death signal sig again (0: none), tells the parent, and blocks
+// until the parent has written the maps. It then runs as uid 0 and gid 0
+// of the namespace, with every capability there. It fails, and the child
+// should exit, if the parent went away first.
+func Wait(sig syscall.Signal) error {
+	fd, err := strconv.Atoi(os.Getenv(SyncEnv))
+	if err != nil {
+		return fmt.Errorf("%s is not set: this process was not started by userns.Start", SyncEnv)
+	}
+	os.Unsetenv(SyncEnv)
+	sync := os.NewFile(uintptr(fd), "userns-sync")
+	defer sync.Close()
+	// exec cleared the parent-death signal: the child gained capabilities
+	// (a "secure" exec). Set before telling the parent, so that a parent
+	// that dies from here on takes the child with it.
+	if sig != 0 {
+		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(sig), 0, 0, 0); err != nil {
+			return fmt.Errorf("setting the parent-death signal: %w", err)
+		}
+	}
+	if _, err := sync.Write([]byte{wordArmed}); err != nil {
+		return fmt.Errorf("telling the parent the child is ready: %w", err)
+	}
+	b := make([]byte, 1)
+	if n, err := sync.Read(b); n != 1 || b[0] != wordMapped {
+		return fmt.Errorf("the parent did not write the user namespace's maps (%v)", err)
+	}
+	if os.Getuid() != 0 || os.Getgid() != 0 {
+		return fmt.Errorf("the user namespace's maps are written, but this process is uid %d gid %d, not 0", os.Getuid(), os.Getgid())
+	}
+	return nil
+}
+
+// allCaps are the capability numbers this kernel has.
+func allCaps() ([]uintptr, error) {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return nil, fmt.Errorf("reading the kernel's last capability: %w", err)
+	}
+	last, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || last < 0 || last > 63 {
+		return nil, fmt.Errorf("/proc/sys/kernel/cap_last_cap holds %q", b)
+	}
+	caps := make([]uintptr, last+1)
+	for i := range caps {
+		caps[i] = uintptr(i)
+	}
+	return caps, nil
+}
+
+const fixDisabled = "as root, allow them: sysctl -w user.max_user_namespaces=15000 (and kernel.unprivileged_userns_clone=1 where that setting exists, " +
+	"kernel.apparmor_restrict_unprivileged_userns=0 on hosts that restrict them with AppArmor)"

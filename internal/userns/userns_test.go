@@ -1,0 +1,102 @@
+package userns
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseSubIDs(t *testing.T) {
+	tests := []struct {
+		name    string
+		file    string
+		want    []Range
+		errPart string
+	}{
+		{"by name", "alice:100000:65536\n", []Range{{100000, 65536}}, ""},
+		{"by uid", "1001:200000:65536\n", []Range{{200000, 65536}}, ""},
+		{"other users skipped", "bob:100000:65536\nalice:165536:65536\n", []Range{{165536, 65536}}, ""},
+		{"several ranges in order", "alice:300000:10\nalice:100000:65536\n", []Range{{300000, 10}, {100000, 65536}}, ""},
+		{"blank and comment", "\n# ranges\n  \nalice:1:2\n", []Range{{1, 2}}, ""},
+		{"none", "bob:100000:65536\n", nil, ""},
+		{"empty file", "", nil, ""},
+		{"two fields", "alice:100000\n", nil, "/etc/subuid:1: \"alice:100000\" is not USER:START:COUNT"},
+		{"four fields", "alice:1:2:3\n", nil, "is not USER:START:COUNT"},
+		{"empty name", ":1:2\n", nil, "is not USER:START:COUNT"},
+		{"bad start", "alice:x:2\n", nil, "/etc/subuid:1: start \"x\""},
+		{"negative start", "alice:-1:2\n", nil, "start \"-1\""},
+		{"zero count", "alice:1:0\n", nil, "count \"0\""},
+		{"huge count", "alice:1:4294967296\n", nil, "count \"4294967296\""},
+		{"overflow", "alice:4294967295:2\n", nil, "goes past the last id"},
+		// Another user's broken line fails too: newuidmap would skip it,
+		// and moat refuses what it cannot read.
+		{"other user's bad line", "bob:1\nalice:1:2\n", nil, "/etc/subuid:1:"},
+		{"line number", "alice:1:2\n\nbob:1:x\n", nil, "/etc/subuid:3:"},
+	}
+	for _, tt := range tests {
+		got, err := ParseSubIDs(strings.NewReader(tt.file), "/etc/subuid", "alice", 1001)
+		if (err != nil) != (tt.errPart != "") || (err != nil && !strings.Contains(err.Error(), tt.errPart)) {
+			t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.errPart)
+			continue
+		}
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestMaps(t *testing.T) {
+	tests := []struct {
+		name    string
+		id      uint32
+		sub     []Range
+		want    []IDMap
+		err     error
+		errPart string
+	}{
+		{"one range", 1001, []Range{{100000, 65536}}, []IDMap{{0, 1001, 1}, {1, 100000, 65536}}, nil, ""},
+		{"two ranges", 1001, []Range{{100000, 40000}, {300000, 30000}},
+			[]IDMap{{0, 1001, 1}, {1, 100000, 40000}, {40001, 300000, 30000}}, nil, ""},
+		{"exactly enough", 1001, []Range{{100000, MinSubIDs}}, []IDMap{{0, 1001, 1}, {1, 100000, MinSubIDs}}, nil, ""},
+		{"too few", 1001, []Range{{100000, 1000}}, nil, ErrNoSubIDs, "gives alice 1000 subordinate ids, and moat needs at least 65534"},
+		{"none", 1001, nil, nil, ErrNoSubIDs, "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 alice"},
+		{"own id inside", 100005, []Range{{100000, 65536}}, nil, ErrNoSubIDs, "holds the user's own id 100005"},
+	}
+	for _, tt := range tests {
+		got, err := Maps(tt.id, tt.sub, "/etc/subuid", "alice")
+		if (err != nil) != (tt.errPart != "") || (err != nil && !strings.Contains(err.Error(), tt.errPart)) {
+			t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.errPart)
+			continue
+		}
+		if tt.err != nil && !errors.Is(err, tt.err) {
+			t.Errorf("%s: error %v is not %v", tt.name, err, tt.err)
+		}
+		if !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("%s: got %v, want %v", tt.name, got, tt.want)
+		}
+	}
+}
+
+func TestArgs(t *testing.T) {
+	got := strings.Join(args(42, []IDMap{{0, 1001, 1}, {1, 100000, 65536}}), " ")
+	if want := "42 0 1001 1 1 100000 65536"; got != want {
+		t.Errorf("args = %q, want %q", got, want)
+	}
+}
+
+func FuzzParseSubIDs(f *testing.F) {
+	f.Add("alice:100000:65536\n# c\nbob:1:2\n")
+	f.Add("1001:4294967294:1")
+	f.Fuzz(func(t *testing.T, s string) {
+		got, err := ParseSubIDs(strings.NewReader(s), "f", "alice", 1001)
+		if err != nil {
+			return
+		}
+		for _, r := range got {
+			if r.Count == 0 || uint64(r.Start)+uint64(r.Count) > 1<<32 {
+				t.Fatalf("accepted bad range %+v from %q", r, s)
+			}
+		}
+	})
+}
