@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/policy"
 )
 
 // Interactive gate endpoints (schema 1, fields only ever added). Any front
@@ -23,9 +25,24 @@ import (
 //	                            "hold" event for every hold already pending.
 //	                            A "ping" event is sent every 10 s of silence.
 //	POST /v1/holds/{id}         body Answer; 200 AnswerResult once the answer is
-//	                            applied (rules added, files written); 404 if the
-//	                            hold is no longer pending (answered elsewhere or
-//	                            timed out); 400 for an unknown answer or scope.
+//	                            applied (rules added, held connections released);
+//	                            404 if the hold is no longer pending (answered
+//	                            elsewhere or timed out); 400 for an unknown answer
+//	                            or scope, and for an always or block answer without
+//	                            Written (the hold stays pending).
+//
+// The daemon writes no file. An always or block answer is two steps, taken
+// by the front end in this order: it writes the rule (Hold.Rules) into
+// the scope's config file itself, then posts the answer naming that file
+// in Written, and the daemon adds the same rule as a runtime rule of the
+// sandbox (live at once, kept across down/up). The daemon's gate reads
+// what the guest sends, so it must not be able to write a person's
+// configuration; the front end runs as that person, who owns the files.
+// Writing first means a failed post leaves a rule in the file that the
+// front end can report, never a live rule the file does not hold. A request
+// without Written (a front end older than this split) is refused rather
+// than half-applied, so no front end tells its user a file was written
+// when none was.
 
 // Event types.
 const (
@@ -41,13 +58,14 @@ const (
 const (
 	AnswerOnce   = "once"   // let the held connections through; decide nothing else
 	AnswerRun    = "run"    // allow name:port until the sandbox stops (runtime grant, not persisted)
-	AnswerAlways = "always" // write an allow rule into Scope's config file, and apply it now
+	AnswerAlways = "always" // an allow rule, written into Scope's config file by the front end, and applied now
 	AnswerHour   = "hour"   // allow every undecided destination for one hour
 	AnswerDeny   = "deny"   // refuse the held connections; decide nothing else
-	AnswerBlock  = "block"  // write a block of the registrable domain and its subdomains into Scope's file
+	AnswerBlock  = "block"  // a block of the registrable domain and its subdomains, written like always
 )
 
-// Scopes: the file an "always" or "block" answer is written into.
+// Scopes: the file an "always" or "block" answer is written into (by the
+// front end: see the package doc).
 const (
 	ScopeProject = "project" // the project's moat.toml
 	ScopeUser    = "user"    // the user's config.toml
@@ -94,13 +112,53 @@ type Answer struct {
 	Schema int    `json:"schema"`
 	Answer string `json:"answer"`
 	Scope  string `json:"scope,omitempty"` // always, block: project (default) | user
+	// Written is the absolute path of the config file the caller already
+	// wrote the answer's rule into (always, block); required for those.
+	// The daemon does not open it: it reports it back in AnswerResult.File.
+	Written string `json:"written,omitempty"`
 }
 
 // AnswerResult says what an answer did.
 type AnswerResult struct {
 	Schema int    `json:"schema"`
 	Rule   string `json:"rule,omitempty"` // the rule added, if any
-	File   string `json:"file,omitempty"` // the file written, if any
+	File   string `json:"file,omitempty"` // the file written (by the caller: Answer.Written), if any
+}
+
+// ErrSignAnswer: a signature question (Hold.Kind "ssh-sign") takes only
+// once, run or deny.
+var ErrSignAnswer = errors.New("a signature is answered with once, run or deny")
+
+// ErrBlockNoName: a destination known only by its address has no domain
+// to block.
+var ErrBlockNoName = errors.New("block needs a name, and this destination has only an address; use deny, or moat network block")
+
+// Rules is what an answer to h writes into a config file: the list
+// ("allow" or "block") and its entries, Suggest for always, Domain and
+// its subdomains for block. Other answers write nothing (list ""). The
+// daemon applies the same rule at runtime, so both sides derive it here.
+// Each entry is checked as moat would read it back, so a file is never
+// given a rule that breaks it.
+func (h Hold) Rules(answer string) (list string, entries []string, err error) {
+	if answer != AnswerAlways && answer != AnswerBlock {
+		return "", nil, nil
+	}
+	if h.Kind != "" {
+		return "", nil, ErrSignAnswer
+	}
+	list, entries = "allow", []string{h.Suggest}
+	if answer == AnswerBlock {
+		if h.Name == "" || h.Domain == "" {
+			return "", nil, ErrBlockNoName
+		}
+		list, entries = "block", []string{h.Domain, "*." + h.Domain}
+	}
+	for _, e := range entries {
+		if _, err := policy.ParseEntry(e); err != nil {
+			return "", nil, fmt.Errorf("%q is not a rule moat can write: %w", e, err)
+		}
+	}
+	return list, entries, nil
 }
 
 // Watch streams the daemon's events into fn until ctx is done, the

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/net/publicsuffix"
 
 	"moat.dev/moat/internal/audit"
-	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/gate"
 	"moat.dev/moat/internal/guestspec"
@@ -30,7 +29,9 @@ import (
 
 // The interactive gate's daemon side: the /v1/watch event stream that
 // attaches a watcher, and the answers that release holds. The gate holds
-// connections (gate.Holds); here answers become rules and files.
+// connections (gate.Holds); here answers become runtime rules. The config
+// files an "always" or "block" answer names are written by the watcher,
+// never here (see internal/control's watch.go).
 
 // HoldTimeoutEnv overrides how long a hold waits for an answer (a Go
 // duration). A knob for tests, which cannot wait 30 s.
@@ -235,6 +236,11 @@ func (d *daemon) handleAnswer(w http.ResponseWriter, r *http.Request) {
 			Error: fmt.Sprintf("unknown scope %q: use project or user", a.Scope)})
 		return
 	}
+	if err := checkWritten(a); err != nil {
+		// Before Take: the hold stays pending, to be answered again.
+		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: err.Error()})
+		return
+	}
 	id := r.PathValue("id")
 	p, ok := d.net.holds.Take(id)
 	if !ok {
@@ -259,13 +265,39 @@ func (d *daemon) handleAnswer(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, code, control.ErrorBody{Schema: control.Schema, Error: err.Error() + " (the held connections were refused)"})
 		return
 	}
-	d.log.Info("hold answered", "hold", id, "dest", p.Q.Key(), "answer", a.Answer, "rule", res.Rule, "file", res.File)
+	d.log.Info("hold answered", "hold", id, "dest", p.Q.Key(), "answer", a.Answer, "rule", res.Rule, "written_by_watcher", res.File)
 	res.Schema = control.Schema
 	writeJSON(w, http.StatusOK, res)
 }
 
-// applyAnswer makes an answer's effects: a grant for this run, a rule in
-// a file (kept as a runtime rule too, so it holds at once and across
+// checkWritten refuses an "always" or "block" answer whose caller did not
+// write the rule into a file. Such a request comes from a front end that
+// expects the daemon to write it, which it no longer does (it must not be
+// able to change a person's configuration); applying the rule at runtime
+// only would let that front end tell its user a file was written when
+// none was. Refused before the hold is taken, the question stays open.
+func checkWritten(a control.Answer) error {
+	if a.Answer != control.AnswerAlways && a.Answer != control.AnswerBlock {
+		return nil
+	}
+	if a.Written == "" {
+		file := "the project's moat.toml"
+		if a.Scope == control.ScopeUser {
+			file = "the user's config.toml"
+		}
+		return errAnswer{fmt.Sprintf("%s answer without \"written\": the daemon no longer writes config files; "+
+			"write the rule into %s yourself and send that path as \"written\" (moat network watch does both: "+
+			"restart an older one), or answer run; the hold is still pending", a.Answer, file)}
+	}
+	if !filepath.IsAbs(a.Written) {
+		return errAnswer{fmt.Sprintf("written %q: want the absolute path of the file the rule was written into", a.Written)}
+	}
+	return nil
+}
+
+// applyAnswer makes an answer's effects: a grant for this run, the
+// runtime rule of an "always" or "block" answer whose caller wrote it
+// into a file (kept in the record, so it holds at once and across
 // down/up), or the hour-long opening.
 func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerResult, error) {
 	var res control.AnswerResult
@@ -277,7 +309,7 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 			d.signs.grant(p.Q.Name)
 			return res, nil
 		}
-		return res, errAnswer{"a signature is answered with once, run or deny"}
+		return res, errAnswer{control.ErrSignAnswer.Error()}
 	}
 	entry := suggestEntry(p.Q)
 	switch a.Answer {
@@ -290,30 +322,12 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 		res.Rule = entry
 		return res, d.net.grant(entry)
 	}
-	list, entries := "allow", []string{entry}
-	if a.Answer == control.AnswerBlock {
-		if p.Q.Name == "" {
-			return res, errAnswer{"block needs a name, and this destination has only an address; use deny, or moat network block"}
-		}
-		dom := registrable(p.Q.Name)
-		list, entries = "block", []string{dom, "*." + dom}
-		res.Rule = strings.Join(entries, ", ")
-	} else {
-		res.Rule = entry
-	}
-	for _, e := range entries {
-		if _, err := policy.ParseEntry(e); err != nil {
-			return res, errAnswer{fmt.Sprintf("%q is not a rule moat can write: %v", e, err)}
-		}
-	}
-	file, err := d.scopeFile(a.Scope)
+	// The same derivation the watcher used for the file it wrote.
+	list, entries, err := d.holdOf(p).Rules(a.Answer)
 	if err != nil {
-		return res, err
+		return res, errAnswer{err.Error()}
 	}
-	if _, err := config.AddRules(file, list, entries...); err != nil {
-		return res, err
-	}
-	res.File = file
+	res.Rule, res.File = strings.Join(entries, ", "), a.Written
 	err = d.updateRecord(func(rec *state.Record) error {
 		if rec.Rules == nil {
 			rec.Rules = &state.RuntimeRules{}
@@ -324,25 +338,6 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 		return res, err
 	}
 	return res, d.net.recompile()
-}
-
-// scopeFile is the config file an answer writes: the project's moat.toml
-// at the workspace root, or the user's config.toml.
-func (d *daemon) scopeFile(scope string) (string, error) {
-	if scope == control.ScopeUser {
-		if d.o.Network.UserConfig == "" {
-			return "", errors.New("this sandbox has no user config file to write; answer with scope project")
-		}
-		return d.o.Network.UserConfig, nil
-	}
-	rec, err := d.record()
-	if err != nil {
-		return "", err
-	}
-	if rec.Workspace == "" {
-		return "", errors.New("this sandbox has no workspace to write moat.toml into; answer with scope user")
-	}
-	return filepath.Join(rec.Workspace, "moat.toml"), nil
 }
 
 // grant adds an allow for the rest of this run: a runtime rule that is

@@ -22,8 +22,10 @@ import (
 	"moat.dev/moat/internal/control"
 )
 
-// AnswerFunc sends an answer to a sandbox's daemon.
-type AnswerFunc func(sandbox, holdID string, a control.Answer) (*control.AnswerResult, error)
+// AnswerFunc carries out an answer to hold h (h.Sandbox, h.ID): for
+// "always" and "block" it writes the rule into the scope's file, then
+// tells the sandbox's daemon.
+type AnswerFunc func(h control.Hold, a control.Answer) (*control.AnswerResult, error)
 
 // EventMsg is one event from a sandbox's /v1/watch stream.
 type EventMsg struct {
@@ -275,7 +277,7 @@ func (m Model) send(answer, scope string) (tea.Model, tea.Cmd) {
 	m.status = fmt.Sprintf("%s %s…", answer, dest(h))
 	fn := m.answer
 	return m, func() tea.Msg {
-		res, err := fn(h.Sandbox, h.ID, control.Answer{Answer: answer, Scope: scope})
+		res, err := fn(h, control.Answer{Answer: answer, Scope: scope})
 		return answeredMsg{hold: h, answer: answer, res: res, err: err}
 	}
 }

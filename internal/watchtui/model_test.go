@@ -19,10 +19,10 @@ type answers struct {
 	got []string
 }
 
-func (a *answers) fn(sandbox, id string, ans control.Answer) (*control.AnswerResult, error) {
+func (a *answers) fn(h control.Hold, ans control.Answer) (*control.AnswerResult, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.got = append(a.got, sandbox+"/"+id+"/"+ans.Answer+"/"+ans.Scope)
+	a.got = append(a.got, h.Sandbox+"/"+h.ID+"/"+ans.Answer+"/"+ans.Scope)
 	return &control.AnswerResult{Rule: "x.example", File: "/w/moat.toml"}, nil
 }
 

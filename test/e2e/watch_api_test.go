@@ -6,6 +6,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/test/inet"
 )
@@ -171,9 +173,25 @@ func curlCode(name string) string {
 // answer answers a hold and fails the test if the daemon refuses the answer.
 func answer(t *testing.T, w *watcher, h *control.Hold, a, scope string) *control.AnswerResult {
 	t.Helper()
+	return answerWritten(t, w, h, a, scope, "")
+}
+
+// answerWritten answers as the API asks a front end to: for always and block it first
+// writes the hold's rule into file itself (the daemon writes no file), then names the file.
+func answerWritten(t *testing.T, w *watcher, h *control.Hold, a, scope, file string) *control.AnswerResult {
+	t.Helper()
+	if file != "" {
+		list, entries, err := h.Rules(a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := config.AddRules(file, list, entries...); err != nil {
+			t.Fatal(err)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := w.c.AnswerHold(ctx, h.ID, control.Answer{Answer: a, Scope: scope})
+	res, err := w.c.AnswerHold(ctx, h.ID, control.Answer{Answer: a, Scope: scope, Written: file})
 	if err != nil {
 		t.Fatalf("answering %s with %s: %v", h.ID, a, err)
 	}
@@ -185,7 +203,7 @@ func TestInteractiveGate(t *testing.T) {
 	g := newGateEnv(t, n, "watch-e2e", watchToml)
 	g.env = append(g.env, "MOAT_HOLD_TIMEOUT="+holdTimeout.String())
 	names := []string{"ok-watch.test", "blocked-watch.test", "nowatch.test", "once-watch.test", "deny-watch.test",
-		"late-watch.test", "many-watch.test", "always-watch.test", "x.blockme-watch.test", "y.blockme-watch.test"}
+		"late-watch.test", "many-watch.test", "always-watch.test", "old-watch.test", "x.blockme-watch.test", "y.blockme-watch.test"}
 	for _, name := range names {
 		n.SetA(name, watchIP)
 	}
@@ -286,9 +304,32 @@ func TestInteractiveGate(t *testing.T) {
 		}
 	})
 
+	t.Run("always_without_written_refused", func(t *testing.T) {
+		// A front end from before the daemon stopped writing files: refused, nothing
+		// written, and the question stays open to be answered again.
+		proj := filepath.Join(g.dir, "moat.toml")
+		before, _ := os.ReadFile(proj)
+		r := startGuest(t, g, curlCode("old-watch.test"))
+		h := w.heldFor(t, "old-watch.test")
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := w.c.AnswerHold(ctx, h.ID, control.Answer{Answer: control.AnswerAlways, Scope: control.ScopeProject})
+		var he *control.HTTPError
+		if !errors.As(err, &he) || he.Status != 400 || !strings.Contains(he.Msg, `"written"`) {
+			t.Fatalf("always without written: %v, want a 400 that names \"written\"", err)
+		}
+		if after, _ := os.ReadFile(proj); string(after) != string(before) {
+			t.Errorf("moat.toml changed by an answer that wrote nothing:\n%s", after)
+		}
+		answer(t, w, h, control.AnswerOnce, "")
+		if out := strings.TrimSpace(r.wait(t)); out != "200" {
+			t.Fatalf("answered once after the refusal: %q, want 200", out)
+		}
+	})
+
 	t.Run("block_domain", func(t *testing.T) {
 		r := startGuest(t, g, curlCode("x.blockme-watch.test"))
-		res := answer(t, w, w.heldFor(t, "x.blockme-watch.test"), control.AnswerBlock, control.ScopeUser)
+		res := answerWritten(t, w, w.heldFor(t, "x.blockme-watch.test"), control.AnswerBlock, control.ScopeUser, userCfg)
 		if out := strings.TrimSpace(r.wait(t)); out != "403" {
 			t.Fatalf("after block: %q, want 403", out)
 		}
@@ -308,11 +349,11 @@ func TestInteractiveGate(t *testing.T) {
 
 	t.Run("always_survives_down_up", func(t *testing.T) {
 		r := startGuest(t, g, curlCode("always-watch.test"))
-		res := answer(t, w, w.heldFor(t, "always-watch.test"), control.AnswerAlways, control.ScopeProject)
+		proj := filepath.Join(g.dir, "moat.toml")
+		res := answerWritten(t, w, w.heldFor(t, "always-watch.test"), control.AnswerAlways, control.ScopeProject, proj)
 		if out := strings.TrimSpace(r.wait(t)); out != "200" {
 			t.Fatalf("after always: %q, want 200", out)
 		}
-		proj := filepath.Join(g.dir, "moat.toml")
 		b, _ := os.ReadFile(proj)
 		if res.File != proj || !strings.Contains(string(b), `allow = ["ok-watch.test", "always-watch.test"]`) {
 			t.Fatalf("answer wrote %+v; moat.toml holds:\n%s", res, b)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -73,7 +74,7 @@ func (s *screen) waitDrawn(t *testing.T, mark int, want string) {
 
 func TestWatchTUI(t *testing.T) {
 	n := inet.Start(t)
-	for _, name := range []string{"tui-once.test", "tui-deny.test"} {
+	for _, name := range []string{"tui-once.test", "tui-deny.test", "tui-always.test"} {
 		n.SetA(name, watchIP)
 	}
 	n.HTTP(t, watchIP, 80, inet.Echo())
@@ -161,6 +162,26 @@ func TestWatchTUI(t *testing.T) {
 	})
 
 	t.Run("deny_with_d_after_the_restart", func(t *testing.T) { answer(t, "tui-deny.test", "d", "403") })
+
+	// The rule of an "always" answer is written by the watch process itself (the daemon
+	// writes no file), then taken live by the sandbox.
+	t.Run("always_with_a_then_p_writes_moat_toml", func(t *testing.T) {
+		mark := scr.len()
+		r := startGuest(t, g, curlCode("tui-always.test"))
+		scr.waitDrawn(t, mark, "tui-always.test:80")
+		scr.waitDrawn(t, mark, "curl")
+		tty.Write([]byte("a"))
+		scr.waitDrawn(t, mark, "p = the project's moat.toml")
+		tty.Write([]byte("p"))
+		if out := strings.TrimSpace(r.wait(t)); out != "200" {
+			t.Fatalf("after a, p: curl got %q, want 200", out)
+		}
+		scr.waitDrawn(t, mark, "wrote tui-always.test to ")
+		proj := filepath.Join(g.dir, "moat.toml")
+		if b, _ := os.ReadFile(proj); !strings.Contains(string(b), `allow = ["tui-always.test"]`) {
+			t.Errorf("after always in the project, %s holds:\n%s", proj, b)
+		}
+	})
 
 	t.Run("quits_with_q", func(t *testing.T) {
 		tty.Write([]byte("q"))
