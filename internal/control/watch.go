@@ -40,9 +40,9 @@ import (
 // configuration; the front end runs as that person, who owns the files.
 // Writing first means a failed post leaves a rule in the file that the
 // front end can report, never a live rule the file does not hold. A request
-// without Written (a front end older than this split) is refused rather
-// than half-applied, so no front end tells its user a file was written
-// when none was.
+// without Written (a front end that expects the daemon to write) is refused
+// rather than half-applied, so no front end tells its user a file was
+// written when none was.
 
 // Event types.
 const (
