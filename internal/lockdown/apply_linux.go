@@ -1,0 +1,50 @@
+//go:build amd64 || arm64
+
+package lockdown
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Apply jails the calling process as the package doc describes. The process
+// must be root, built without cgo, and in a mount namespace of its own. On
+// error the process is in an unknown, partly jailed state: exit.
+func Apply(c Config) error {
+	binds, err := c.validate()
+	if err != nil {
+		return err
+	}
+	// AllThreadsSyscall, which the per-thread steps need, cannot see
+	// threads that C code started; the runtime refuses it in cgo binaries.
+	if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_GETPID, 0, 0, 0); errno == unix.ENOTSUP {
+		return fmt.Errorf("%w in a binary built with cgo: build it with CGO_ENABLED=0", ErrUnsupported)
+	}
+	// Built before anything changes, so a bad table costs nothing.
+	filter, err := buildFilter(os.Getpid())
+	if err != nil {
+		return err
+	}
+	// The mount and chdir calls below act on the whole process, but
+	// staying on one thread keeps the steps in order with no thread
+	// created half way through.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := enterRoot(binds); err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	if err := setLimits(c); err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	if err := dropPrivileges(c.UID, c.GID); err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	if err := installFilter(filter); err != nil {
+		return fmt.Errorf("lockdown: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,415 @@
+//go:build amd64 || arm64
+
+package lockdown_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/internal/lockdown/escape"
+)
+
+// helperEnv carries the helper's instructions (JSON helperSpec) to the
+// re-executed test binary.
+const helperEnv = "MOAT_LOCKDOWN_HELPER"
+
+// throwawayBase is the start of a uid range no /etc/passwd or /etc/subuid
+// here uses; the test adds its pid so parallel runs do not share a uid.
+const throwawayBase = 1879048192
+
+type helperSpec struct {
+	Config     lockdown.Config
+	Writable   string // a directory in Config.Binds, writable
+	ReadOnly   string // a file in Config.Binds, read-only
+	Targets    escape.Targets
+	PreThreads int // threads locked before Apply
+}
+
+type helperReport struct {
+	ApplyErr    string
+	Root        []string // names in / after Apply
+	WriteErr    string   // work in the writable bind
+	ReadOnlyErr string   // writing the read-only file (want an error)
+	ReadBack    string   // the read-only file's content
+	TLSErr      string
+	Escapes     []struct{ Name, Err string }
+	Echo        string // address of the echo server
+}
+
+// TestHelperProcess is the jailed child, not a test.
+func TestHelperProcess(t *testing.T) {
+	raw := os.Getenv(helperEnv)
+	if raw == "" {
+		t.Skip("the child of TestJail; runs only when re-executed by it")
+	}
+	var spec helperSpec
+	if err := json.Unmarshal([]byte(raw), &spec); err != nil {
+		fmt.Fprintln(os.Stderr, "helper spec:", err)
+		os.Exit(2)
+	}
+	os.Exit(runHelper(spec))
+}
+
+func runHelper(spec helperSpec) int {
+	out := json.NewEncoder(os.Stdout)
+	var rep helperReport
+	// Threads that exist before Apply must be jailed too.
+	park := make(chan struct{})
+	for range spec.PreThreads {
+		go func() { runtime.LockOSThread(); <-park }()
+	}
+	time.Sleep(50 * time.Millisecond)
+	if err := lockdown.Apply(spec.Config); err != nil {
+		rep.ApplyErr = err.Error()
+		out.Encode(rep)
+		return 1
+	}
+	// And so must threads made after: these pin new OS threads.
+	for range 4 {
+		go func() { runtime.LockOSThread(); <-park }()
+	}
+	if ents, err := os.ReadDir("/"); err == nil {
+		for _, e := range ents {
+			rep.Root = append(rep.Root, e.Name())
+		}
+	}
+	rep.WriteErr = errString(useWritable(spec.Writable))
+	rep.ReadOnlyErr = errString(os.WriteFile(spec.ReadOnly, []byte("changed"), 0o644))
+	if b, err := os.ReadFile(spec.ReadOnly); err == nil {
+		rep.ReadBack = string(b)
+	}
+	rep.TLSErr = errString(tlsRoundTrip())
+	for _, r := range escape.Attempts(spec.Targets) {
+		rep.Escapes = append(rep.Escapes, struct{ Name, Err string }{r.Name, errString(r.Err)})
+	}
+	runtime.GC() // the collector's madvise and friends, under the filter
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		rep.Echo = "listen: " + err.Error()
+		out.Encode(rep)
+		return 1
+	}
+	rep.Echo = ln.Addr().String()
+	out.Encode(rep)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	// Serve until the parent closes stdin, or give up after a while so a
+	// lost parent does not leave the child behind.
+	done := make(chan struct{})
+	go func() { io.Copy(io.Discard, os.Stdin); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+	}
+	return 0
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// useWritable does what a gate does with its state directory.
+func useWritable(dir string) error {
+	sub := filepath.Join(dir, "sub")
+	if err := os.Mkdir(sub, 0o700); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(sub, "a.tmp"))
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString("audit line\n"); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(filepath.Join(sub, "a.tmp"), filepath.Join(sub, "a")); err != nil {
+		return err
+	}
+	if ents, err := os.ReadDir(sub); err != nil || len(ents) != 1 {
+		return fmt.Errorf("reading back %s: %d entries, %v", sub, len(ents), err)
+	}
+	return os.RemoveAll(sub)
+}
+
+// tlsRoundTrip makes a key, a certificate and a TLS 1.3 connection to
+// itself over loopback: the crypto and socket paths the gate takes.
+func tlsRoundTrip() error {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return err
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), DNSNames: []string{"jail.test"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return err
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d := tls.Dialer{Config: &tls.Config{RootCAs: pool, ServerName: "jail.test"}}
+	c, err := d.DialContext(ctx, "tcp", ln.Addr().String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write([]byte("ping")); err != nil {
+		return err
+	}
+	b := make([]byte, 4)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
+		return fmt.Errorf("echo over TLS: %q, %v", b, err)
+	}
+	return nil
+}
+
+func TestJail(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to build the jail (mount namespace, pivot_root, setuid); run as root, as CI does")
+	}
+	uid := throwawayBase + os.Getpid()%65536
+	gid := uid
+
+	writable := t.TempDir()
+	if err := os.Chown(writable, uid, gid); err != nil {
+		t.Fatal(err)
+	}
+	roDir := t.TempDir()
+	readOnly := filepath.Join(roDir, "config")
+	if err := os.WriteFile(readOnly, []byte("original"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	// A file and a socket outside the binds that the uid could reach
+	// without the jail (world-readable, world-connectable in a
+	// world-searchable directory): only the jail can refuse them.
+	outside, err := os.MkdirTemp("", "lockdown-outside-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(outside) })
+	os.Chmod(outside, 0o777)
+	secret := filepath.Join(outside, "secret")
+	if err := os.WriteFile(secret, []byte("s"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(outside, "control.sock")
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	os.Chmod(sock, 0o777)
+	connected := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+			select {
+			case connected <- struct{}{}:
+			default:
+			}
+		}
+	}()
+
+	spec := helperSpec{
+		Config: lockdown.Config{
+			UID: uid, GID: gid, NoFile: 256,
+			Binds: []lockdown.Bind{{Path: writable, Writable: true}, {Path: readOnly}},
+		},
+		Writable: writable,
+		ReadOnly: readOnly,
+		Targets: escape.Targets{
+			ReadFiles:   []string{"/etc/shadow", "/etc/passwd", secret},
+			WriteDirs:   []string{"/", "/usr", "/tmp", outside},
+			UnixSockets: []string{sock},
+			PIDs:        []int{os.Getpid()},
+			Execs:       []string{"/bin/true", os.Args[0]},
+		},
+		PreThreads: 4,
+	}
+	raw, _ := json.Marshal(spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, helperBinary(t), "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("child: %v", err)
+		}
+	}()
+
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the child's report: %v (did an exec replace it?)", err)
+	}
+	var rep helperReport
+	if err := json.Unmarshal([]byte(line), &rep); err != nil {
+		t.Fatalf("child report %q: %v", line, err)
+	}
+	if rep.ApplyErr != "" {
+		t.Fatalf("Apply: %s", rep.ApplyErr)
+	}
+
+	// From outside, as the daemon will: every thread jailed.
+	if err := lockdown.Verify(cmd.Process.Pid, spec.Config); err != nil {
+		t.Error(err)
+	}
+	if n := threads(t, cmd.Process.Pid); n < 1+spec.PreThreads+4 {
+		t.Errorf("child has %d threads, want at least %d: the thread checks prove less than they should", n, 1+spec.PreThreads+4)
+	}
+
+	// The root holds only the binds' top directory.
+	wantRoot := topDirs(writable, readOnly)
+	if !slices.Equal(rep.Root, wantRoot) {
+		t.Errorf("jail root holds %v, want %v", rep.Root, wantRoot)
+	}
+	if rep.WriteErr != "" {
+		t.Errorf("working in the writable bind: %s", rep.WriteErr)
+	}
+	if rep.ReadOnlyErr == "" {
+		t.Error("writing the read-only bind succeeded")
+	}
+	if rep.ReadBack != "original" {
+		t.Errorf("read-only bind reads %q, want %q", rep.ReadBack, "original")
+	}
+	if b, _ := os.ReadFile(readOnly); string(b) != "original" {
+		t.Errorf("read-only file on the host is now %q", b)
+	}
+	if rep.TLSErr != "" {
+		t.Errorf("TLS in the jail: %s", rep.TLSErr)
+	}
+	if len(rep.Escapes) < 20 {
+		t.Errorf("only %d escape attempts reported", len(rep.Escapes))
+	}
+	for _, e := range rep.Escapes {
+		if e.Err == "" {
+			t.Errorf("escape attempt %q succeeded", e.Name)
+		} else {
+			t.Logf("%-40s refused: %s", e.Name, e.Err)
+		}
+	}
+	select {
+	case <-connected:
+		t.Error("the control socket outside the jail accepted a connection from it")
+	default:
+	}
+
+	// Still serving after all those refusals.
+	c, err := net.DialTimeout("tcp", rep.Echo, 5*time.Second)
+	if err != nil {
+		t.Fatalf("dialing the jailed echo server at %q: %v", rep.Echo, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("still here")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, len("still here"))
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "still here" {
+		t.Errorf("echo from the jail: %q, %v", b, err)
+	}
+}
+
+// helperBinary is this test binary, or when it was built with cgo (which
+// Apply refuses: go test's default where a C compiler exists) the same
+// tests built with CGO_ENABLED=0, as moat itself is.
+func helperBinary(t *testing.T) string {
+	if _, _, errno := syscall.AllThreadsSyscall(syscall.SYS_GETPID, 0, 0, 0); errno != syscall.ENOTSUP {
+		return os.Args[0]
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "lockdown.test")
+	build := exec.Command(goTool, "test", "-c", "-o", bin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the helper without cgo: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func threads(t *testing.T, pid int) int {
+	ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// topDirs are the names in / of a jail holding paths.
+func topDirs(paths ...string) []string {
+	seen := map[string]bool{}
+	for _, p := range paths {
+		seen[strings.SplitN(strings.TrimPrefix(p, "/"), "/", 2)[0]] = true
+	}
+	var out []string
+	for k := range seen {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
