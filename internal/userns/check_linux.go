@@ -40,7 +40,7 @@ func Check() []Prereq {
 			id = u.Gid
 		}
 		uid, gid := parseID(u.Uid), parseID(id)
-		if _, err := mapFromFile(gid, f, u.Username, uid); err != nil {
+		if _, err := mapFromFile(RootIsUser, gid, f, u.Username, uid); err != nil {
 			p.Detail, p.Fix = err.Error(), fixSubIDs(u.Username)
 		} else {
 			p.OK, p.Detail = true, "a range for "+u.Username

@@ -25,18 +25,18 @@ type Config struct {
 	NewGIDMap      string // path of newgidmap
 }
 
-// Current is the Config for the user this process runs as, from
-// /etc/subuid, /etc/subgid and the helpers on PATH (or in /usr/bin).
-func Current() (*Config, error) {
+// Current is the Config for the user this process runs as, with layout,
+// from /etc/subuid, /etc/subgid and the helpers on PATH (or in /usr/bin).
+func Current(layout Layout) (*Config, error) {
 	u, err := user.Current()
 	if err != nil {
 		return nil, fmt.Errorf("looking up the current user: %w", err)
 	}
-	return ConfigFor(u, SubUIDFile, SubGIDFile)
+	return ConfigFor(u, layout, SubUIDFile, SubGIDFile)
 }
 
 // ConfigFor is the Config for u with the given subordinate id files.
-func ConfigFor(u *user.User, subuidFile, subgidFile string) (*Config, error) {
+func ConfigFor(u *user.User, layout Layout, subuidFile, subgidFile string) (*Config, error) {
 	uid, err := strconv.ParseUint(u.Uid, 10, 32)
 	if err != nil {
 		return nil, fmt.Errorf("user %s has the non-numeric uid %q", u.Username, u.Uid)
@@ -46,11 +46,11 @@ func ConfigFor(u *user.User, subuidFile, subgidFile string) (*Config, error) {
 		return nil, fmt.Errorf("user %s has the non-numeric gid %q", u.Username, u.Gid)
 	}
 	c := &Config{User: u.Username}
-	if c.UIDMap, err = mapFromFile(uint32(uid), subuidFile, u.Username, uint32(uid)); err != nil {
+	if c.UIDMap, err = mapFromFile(layout, uint32(uid), subuidFile, u.Username, uint32(uid)); err != nil {
 		return nil, err
 	}
 	// /etc/subgid is keyed by user too (name or uid), not by group.
-	if c.GIDMap, err = mapFromFile(uint32(gid), subgidFile, u.Username, uint32(uid)); err != nil {
+	if c.GIDMap, err = mapFromFile(layout, uint32(gid), subgidFile, u.Username, uint32(uid)); err != nil {
 		return nil, err
 	}
 	if c.NewUIDMap, err = idMapTool("newuidmap"); err != nil {
@@ -62,7 +62,7 @@ func ConfigFor(u *user.User, subuidFile, subgidFile string) (*Config, error) {
 	return c, nil
 }
 
-func mapFromFile(id uint32, file, name string, uid uint32) ([]IDMap, error) {
+func mapFromFile(layout Layout, id uint32, file, name string, uid uint32) ([]IDMap, error) {
 	f, err := os.Open(file)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: %s does not exist; %s", ErrNoSubIDs, file, fixSubIDs(name))
@@ -78,7 +78,7 @@ func mapFromFile(id uint32, file, name string, uid uint32) ([]IDMap, error) {
 	if len(ranges) == 0 {
 		return nil, fmt.Errorf("%w: %s has no range for user %s; %s", ErrNoSubIDs, file, name, fixSubIDs(name))
 	}
-	return Maps(id, ranges, file, name)
+	return Maps(layout, id, ranges, file, name)
 }
 
 // idMapTool finds newuidmap or newgidmap: on PATH, else where Debian
@@ -115,20 +115,21 @@ const SyncEnv = "MOAT_USERNS_SYNC"
 
 // The two words on the sync socket.
 const (
-	wordArmed  = 'a' // child → parent: its parent-death signal is set
 	wordMapped = 'm' // parent → child: both maps are written
+	wordArmed  = 'a' // child → parent: uid 0, and its parent-death signal is set
 )
 
-// armTimeout bounds the wait for the child's first word: a Go binary's
-// start on a loaded two-core host, with margin.
-const armTimeout = 30 * time.Second
+// readyTimeout bounds the wait for the child's word: a Go binary's start
+// on a loaded two-core host, with margin.
+const readyTimeout = 30 * time.Second
 
 // Start starts cmd in a new user namespace with c's maps, and in the
 // namespaces of cmd.SysProcAttr.Cloneflags and Unshareflags (mount,
 // network, PID: they then belong to the new user namespace). It returns
 // once the maps are written and the child, which must call Wait first,
-// goes on; on an error it kills the child. The child's Pdeathsig, if
-// set, holds (Wait sets it again after exec, which clears it).
+// runs as uid 0 of the namespace; on an error it kills the child. The
+// child's Pdeathsig, if set, holds: Wait sets it again after exec and
+// setuid, which clear it.
 func (c *Config) Start(cmd *exec.Cmd) error {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -172,12 +173,9 @@ func (c *Config) Start(cmd *exec.Cmd) error {
 	return nil
 }
 
+// handshake writes the maps of the child pid (which exists from the clone
+// on, exec or not), tells it, and waits for its answer.
 func (c *Config) handshake(sync *os.File, pid int) error {
-	sync.SetReadDeadline(time.Now().Add(armTimeout))
-	b := make([]byte, 1)
-	if n, err := sync.Read(b); n != 1 || b[0] != wordArmed {
-		return fmt.Errorf("the child in the user namespace did not get ready (it must call userns.Wait first): %v", err)
-	}
 	for _, m := range []struct {
 		tool string
 		maps []IDMap
@@ -193,14 +191,20 @@ func (c *Config) handshake(sync *os.File, pid int) error {
 	if _, err := sync.Write([]byte{wordMapped}); err != nil {
 		return fmt.Errorf("telling the child its maps are written: %w", err)
 	}
+	sync.SetReadDeadline(time.Now().Add(readyTimeout))
+	b := make([]byte, 1)
+	if n, err := sync.Read(b); n != 1 || b[0] != wordArmed {
+		return fmt.Errorf("the child in the user namespace did not get ready (it must call userns.Wait first; its error is on its stderr): %v", err)
+	}
 	return nil
 }
 
-// Wait is the first thing a child started by Start does: it sets the
-// parent-death signal sig again (0: none), tells the parent, and blocks
-// until the parent has written the maps. It then runs as uid 0 and gid 0
-// of the namespace, with every capability there. It fails, and the child
-// should exit, if the parent went away first.
+// Wait is the first thing a child started by Start does: it blocks until
+// the parent has written the maps, becomes uid 0 and gid 0 of the
+// namespace (with KeepIDs it starts as the user's ids), sets the
+// parent-death signal sig (0: none) and tells the parent. It then has
+// every capability in the namespace. It fails, and the child should
+// exit, if the parent went away first.
 func Wait(sig syscall.Signal) error {
 	fd, err := strconv.Atoi(os.Getenv(SyncEnv))
 	if err != nil {
@@ -209,23 +213,31 @@ func Wait(sig syscall.Signal) error {
 	os.Unsetenv(SyncEnv)
 	sync := os.NewFile(uintptr(fd), "userns-sync")
 	defer sync.Close()
-	// exec cleared the parent-death signal: the child gained capabilities
-	// (a "secure" exec). Set before telling the parent, so that a parent
-	// that dies from here on takes the child with it.
+	b := make([]byte, 1)
+	if n, err := sync.Read(b); n != 1 || b[0] != wordMapped {
+		return fmt.Errorf("the parent did not write the user namespace's maps (%v)", err)
+	}
+	if os.Getgid() != 0 || os.Getegid() != 0 {
+		if err := syscall.Setresgid(0, 0, 0); err != nil {
+			return fmt.Errorf("becoming gid 0 of the user namespace: %w", err)
+		}
+	}
+	if os.Getuid() != 0 || os.Geteuid() != 0 {
+		if err := syscall.Setresuid(0, 0, 0); err != nil {
+			return fmt.Errorf("becoming uid 0 of the user namespace: %w", err)
+		}
+	}
+	// The exec (a "secure" one: the child gained capabilities) and the
+	// setuid both cleared the parent-death signal. Set it before telling
+	// the parent: a parent that died before this sees no word, and the
+	// write then fails; one that dies after takes the child with it.
 	if sig != 0 {
 		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(sig), 0, 0, 0); err != nil {
 			return fmt.Errorf("setting the parent-death signal: %w", err)
 		}
 	}
 	if _, err := sync.Write([]byte{wordArmed}); err != nil {
-		return fmt.Errorf("telling the parent the child is ready: %w", err)
-	}
-	b := make([]byte, 1)
-	if n, err := sync.Read(b); n != 1 || b[0] != wordMapped {
-		return fmt.Errorf("the parent did not write the user namespace's maps (%v)", err)
-	}
-	if os.Getuid() != 0 || os.Getgid() != 0 {
-		return fmt.Errorf("the user namespace's maps are written, but this process is uid %d gid %d, not 0", os.Getuid(), os.Getgid())
+		return fmt.Errorf("telling the parent the child is ready (the parent is gone?): %w", err)
 	}
 	return nil
 }

@@ -49,22 +49,33 @@ func TestParseSubIDs(t *testing.T) {
 func TestMaps(t *testing.T) {
 	tests := []struct {
 		name    string
+		layout  Layout
 		id      uint32
 		sub     []Range
 		want    []IDMap
 		err     error
 		errPart string
 	}{
-		{"one range", 1001, []Range{{100000, 65536}}, []IDMap{{0, 1001, 1}, {1, 100000, 65536}}, nil, ""},
-		{"two ranges", 1001, []Range{{100000, 40000}, {300000, 30000}},
+		{"one range", RootIsUser, 1001, []Range{{100000, 65536}}, []IDMap{{0, 1001, 1}, {1, 100000, 65536}}, nil, ""},
+		{"two ranges", RootIsUser, 1001, []Range{{100000, 40000}, {300000, 30000}},
 			[]IDMap{{0, 1001, 1}, {1, 100000, 40000}, {40001, 300000, 30000}}, nil, ""},
-		{"exactly enough", 1001, []Range{{100000, MinSubIDs}}, []IDMap{{0, 1001, 1}, {1, 100000, MinSubIDs}}, nil, ""},
-		{"too few", 1001, []Range{{100000, 1000}}, nil, ErrNoSubIDs, "gives alice 1000 subordinate ids, and moat needs at least 65534"},
-		{"none", 1001, nil, nil, ErrNoSubIDs, "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 alice"},
-		{"own id inside", 100005, []Range{{100000, 65536}}, nil, ErrNoSubIDs, "holds the user's own id 100005"},
+		{"exactly enough", RootIsUser, 1001, []Range{{100000, MinSubIDs}}, []IDMap{{0, 1001, 1}, {1, 100000, MinSubIDs}}, nil, ""},
+		{"too few", RootIsUser, 1001, []Range{{100000, 1000}}, nil, ErrNoSubIDs, "gives alice 1000 subordinate ids, and moat needs at least 65534"},
+		{"none", RootIsUser, 1001, nil, nil, ErrNoSubIDs, "usermod --add-subuids 100000-165535 --add-subgids 100000-165535 alice"},
+		{"own id inside", RootIsUser, 100005, []Range{{100000, 65536}}, nil, ErrNoSubIDs, "holds the user's own id 100005"},
+		{"keep: user inside the range", KeepIDs, 1001, []Range{{100000, 65536}},
+			[]IDMap{{0, 100000, 1001}, {1001, 1001, 1}, {1002, 101001, 64535}}, nil, ""},
+		{"keep: split across two ranges", KeepIDs, 1001, []Range{{100000, 1000}, {300000, 65000}},
+			[]IDMap{{0, 100000, 1000}, {1000, 300000, 1}, {1001, 1001, 1}, {1002, 300001, 64999}}, nil, ""},
+		{"keep: user at a range's boundary", KeepIDs, 1000, []Range{{100000, 1000}, {300000, 65000}},
+			[]IDMap{{0, 100000, 1000}, {1000, 1000, 1}, {1001, 300000, 65000}}, nil, ""},
+		{"keep: user past the ranges' end", KeepIDs, 65536, []Range{{100000, 65536}},
+			[]IDMap{{0, 100000, 65536}, {65536, 65536, 1}}, nil, ""},
+		{"keep: too few to reach the user", KeepIDs, 70000, []Range{{100000, 65536}}, nil, ErrNoSubIDs, "too few to keep its id 70000"},
+		{"keep: root", KeepIDs, 0, []Range{{100000, 65536}}, []IDMap{{0, 0, 1}, {1, 100000, 65536}}, nil, ""},
 	}
 	for _, tt := range tests {
-		got, err := Maps(tt.id, tt.sub, "/etc/subuid", "alice")
+		got, err := Maps(tt.layout, tt.id, tt.sub, "/etc/subuid", "alice")
 		if (err != nil) != (tt.errPart != "") || (err != nil && !strings.Contains(err.Error(), tt.errPart)) {
 			t.Errorf("%s: error %v, want one containing %q", tt.name, err, tt.errPart)
 			continue

@@ -1,0 +1,433 @@
+//go:build linux
+
+package rootless
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"strconv"
+	"syscall"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/userns"
+)
+
+// The test binary plays two more roles, chosen by roleEnv: the parent
+// (the daemon's part: run as the unprivileged user, or as root for the
+// comparison) and the child (the shim's part, inside the namespaces).
+const (
+	roleEnv  = "ROOTLESS_ROLE"
+	modeEnv  = "ROOTLESS_MODE" // "rootless" or "root"
+	stateEnv = "ROOTLESS_STATE"
+	wsEnv    = "ROOTLESS_WS"
+	runscEnv = "ROOTLESS_RUNSC"
+	uidEnv   = "ROOTLESS_GUEST_UID" // a second file is written as this guest uid
+	debugEnv = "ROOTLESS_DEBUG"
+	keepEnv  = "ROOTLESS_KEEP_IDS" // userns.KeepIDs instead of RootIsUser
+)
+
+// udpPort and payload: what the guest sends to the gateway over tap0,
+// which the parent must read from the TAP fd.
+const (
+	udpPort = 9 // discard
+	payload = "moat-rootless"
+)
+
+// report is what the parent prints on stdout for the test.
+type report struct {
+	MappedMS float64 `json:"mapped_ms"` // Start returned (rootless: maps written)
+	TapMS    float64 `json:"tap_ms"`    // the TAP fd arrived
+	FrameMS  float64 `json:"frame_ms"`  // the guest's datagram was read from the TAP fd
+	ExitMS   float64 `json:"exit_ms"`   // the child (and runsc) exited
+	Frame    string  `json:"frame"`     // what was read
+}
+
+func roleMain(role string) int {
+	var err error
+	switch role {
+	case "parent":
+		err = parentMain()
+	case "child":
+		err = childMain()
+	default:
+		err = fmt.Errorf("unknown role %q", role)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", role, err)
+		return 1
+	}
+	return 0
+}
+
+// parentMain starts the child in new PID, mount and network namespaces
+// (and, rootless, a user namespace through userns.Start), receives tap0's
+// fd as the daemon does, lets the guest start and reads its datagram
+// from the TAP fd.
+func parentMain() error {
+	t0 := time.Now()
+	ms := func() float64 { return float64(time.Since(t0).Microseconds()) / 1000 }
+	rootless := os.Getenv(modeEnv) == "rootless"
+
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	ours := os.NewFile(uintptr(pair[0]), "shim-ours")
+	theirs := os.NewFile(uintptr(pair[1]), "shim-theirs")
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	// The parent-death signal follows the thread that forked the child.
+	goruntime.LockOSThread()
+	cmd := exec.Command(self, "-test.run=^$")
+	cmd.Env = append(os.Environ(), roleEnv+"=child")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	cmd.ExtraFiles = []*os.File{theirs} // fd 3: runtime.ShimFD
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
+		Pdeathsig:  syscall.SIGKILL,
+	}
+	if rootless {
+		layout := userns.RootIsUser
+		if os.Getenv(keepEnv) != "" {
+			layout = userns.KeepIDs
+		}
+		cfg, err := userns.Current(layout)
+		if err != nil {
+			return err
+		}
+		err = cfg.Start(cmd)
+	} else {
+		err = cmd.Start()
+	}
+	theirs.Close()
+	if err != nil {
+		return err
+	}
+	var r report
+	r.MappedMS = ms()
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	tapFD, err := recvTAP(ours)
+	if err != nil {
+		cmd.Process.Kill()
+		return fmt.Errorf("receiving the TAP fd: %w (child: %v)", err, <-exited)
+	}
+	defer unix.Close(tapFD)
+	r.TapMS = ms()
+	if _, err := ours.Write([]byte{runtime.ShimGo}); err != nil {
+		return err
+	}
+	frame, err := readDatagram(tapFD, 60*time.Second, exited)
+	if err != nil {
+		cmd.Process.Kill()
+		return fmt.Errorf("reading the guest's datagram from the TAP fd: %w", err)
+	}
+	r.FrameMS, r.Frame = ms(), frame
+	select {
+	case err := <-exited:
+		if err != nil {
+			return fmt.Errorf("child: %w", err)
+		}
+	case <-time.After(60 * time.Second):
+		cmd.Process.Kill()
+		return fmt.Errorf("the child did not exit within 60 s of the guest's datagram")
+	}
+	r.ExitMS = ms()
+	return json.NewEncoder(os.Stdout).Encode(r)
+}
+
+func recvTAP(f *os.File) (int, error) {
+	f.SetReadDeadline(time.Now().Add(30 * time.Second))
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return -1, err
+	}
+	buf := make([]byte, 16)
+	oob := make([]byte, unix.CmsgSpace(4))
+	var oobn int
+	var rerr error
+	err = rc.Read(func(fd uintptr) bool {
+		_, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, 0)
+		return !errors.Is(rerr, unix.EAGAIN)
+	})
+	if err == nil {
+		err = rerr
+	}
+	if err != nil {
+		return -1, err
+	}
+	msgs, err := unix.ParseSocketControlMessage(oob[:oobn])
+	if err != nil || len(msgs) != 1 {
+		return -1, fmt.Errorf("no fd in the message (%v)", err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil || len(fds) != 1 {
+		return -1, fmt.Errorf("no fd in the message (%v)", err)
+	}
+	return fds[0], nil
+}
+
+// readDatagram reads Ethernet frames from the TAP fd until one carries the
+// guest's UDP datagram to the gateway, within limit, or until the child
+// exits.
+func readDatagram(fd int, limit time.Duration, exited <-chan error) (string, error) {
+	deadline := time.Now().Add(limit)
+	buf := make([]byte, 65536)
+	seen := 0
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-exited:
+			return "", fmt.Errorf("the child exited (%v) after %d frames, none the guest's datagram", err, seen)
+		default:
+		}
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		n, err := unix.Poll(pfd, 100)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		if n == 0 {
+			continue
+		}
+		n, err = unix.Read(fd, buf)
+		if err != nil {
+			return "", err
+		}
+		seen++
+		if s, ok := udpTo(buf[:n], netstack.Gateway.AsSlice(), udpPort); ok {
+			return s, nil
+		}
+	}
+	return "", fmt.Errorf("no datagram to %s:%d among %d frames", netstack.Gateway, udpPort, seen)
+}
+
+// udpTo reports whether frame is an IPv4 UDP datagram to dst:port, and
+// describes it.
+func udpTo(frame []byte, dst net.IP, port uint16) (string, bool) {
+	const eth = 14
+	if len(frame) < eth+20+8 || binary.BigEndian.Uint16(frame[12:14]) != 0x0800 {
+		return "", false
+	}
+	ip := frame[eth:]
+	ihl := int(ip[0]&0x0f) * 4
+	if ip[9] != 17 || !net.IP(ip[16:20]).Equal(dst) || len(ip) < ihl+8 {
+		return "", false
+	}
+	udp := ip[ihl:]
+	if binary.BigEndian.Uint16(udp[2:4]) != port {
+		return "", false
+	}
+	return fmt.Sprintf("%s -> %s:%d %q", net.IP(ip[12:16]), dst, port, udp[8:]), true
+}
+
+// childMain is the shim's part: in the namespaces, mount /proc and an
+// overlay of the host's /usr, create tap0 and hand its fd to the parent,
+// then run the guest under runsc with the sandbox network stack.
+func childMain() error {
+	rootless := os.Getenv(modeEnv) == "rootless"
+	if rootless {
+		if err := userns.Wait(syscall.SIGKILL); err != nil {
+			return err
+		}
+	}
+	state, ws, runsc := os.Getenv(stateEnv), os.Getenv(wsEnv), os.Getenv(runscEnv)
+	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
+		return fmt.Errorf("mounting /proc: %w", err)
+	}
+	tapFD, err := createTAP()
+	if err != nil {
+		return fmt.Errorf("creating tap device: %w", err)
+	}
+	root, usr, err := mountRoot(state)
+	if err != nil {
+		return err
+	}
+	if err := unix.Sendmsg(runtime.ShimFD, []byte("tap"), unix.UnixRights(tapFD), nil, 0); err != nil {
+		return fmt.Errorf("sending tap fd: %w", err)
+	}
+	unix.Close(tapFD)
+	word := make([]byte, 1)
+	if n, err := unix.Read(runtime.ShimFD, word); n != 1 || word[0] != runtime.ShimGo {
+		return fmt.Errorf("the parent did not start the guest (%v)", err)
+	}
+	unix.Close(runtime.ShimFD)
+
+	guestUID, _ := strconv.Atoi(os.Getenv(uidEnv))
+	bundle := runtime.BundleDir(state)
+	if err := os.MkdirAll(bundle, 0o700); err != nil {
+		return err
+	}
+	b, err := json.MarshalIndent(guestSpec(root, usr, ws, guestUID), "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
+		return err
+	}
+	args := append(runtime.RunscArgs(state, "", os.Getenv(debugEnv) != ""), "run", "--bundle="+bundle, "rootless")
+	run := exec.Command(runsc, args...)
+	run.Stdout, run.Stderr = os.Stderr, os.Stderr
+	run.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	if err := run.Run(); err != nil {
+		return fmt.Errorf("runsc %v: %w", args, err)
+	}
+	return nil
+}
+
+// mountRoot builds a root like moat's host image, smaller: an empty
+// root with merged-/usr links, and the host's /usr as the read-only
+// lower layer of an overlay, bound at /usr.
+func mountRoot(state string) (root, usr string, err error) {
+	root = filepath.Join(state, "root")
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "usr", "etc", "ws"} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
+		if err := os.Symlink("usr/"+l, filepath.Join(root, l)); err != nil && !errors.Is(err, fs.ErrExist) {
+			return "", "", err
+		}
+	}
+	upper, work := filepath.Join(state, "upper", "usr"), filepath.Join(state, "work", "usr")
+	usr = filepath.Join(state, "merged", "usr")
+	for _, d := range []string{upper, work, usr} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return "", "", err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=/usr,upperdir=%s,workdir=%s", upper, work)
+	if err := unix.Mount("overlay", usr, "overlay", 0, opts); err != nil {
+		return "", "", fmt.Errorf("mounting overlay on %s (%s): %w", usr, opts, err)
+	}
+	return root, usr, nil
+}
+
+// guestSpec follows internal/runtime's ociSpec (unexported there) for what
+// matters here: the same namespaces, the netns holding tap0, no cgroup.
+// The guest writes two files in the workspace, as root and as guestUID,
+// then sends a datagram to the gateway over tap0.
+func guestSpec(root, usr, ws string, guestUID int) *specs.Spec {
+	script := fmt.Sprintf(`set -e
+echo root > /ws/as-root
+setpriv --reuid=%[1]d --regid=%[1]d --clear-groups sh -c 'echo user > /ws/as-guest-user' || echo "guest uid %[1]d cannot write the workspace"
+echo %[2]s > /dev/udp/%[3]s/%[4]d
+`, guestUID, payload, netstack.Gateway, udpPort)
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{"/usr/bin/bash", "-c", script},
+			Env:  []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"},
+			Cwd:  "/",
+			// gVisor's capabilities, as moat's spec gives its guest root:
+			// setpriv needs CAP_SETUID.
+			Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+		},
+		Root:     &specs.Root{Path: root},
+		Hostname: "rootless",
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+			{Destination: "/usr", Type: "bind", Source: usr, Options: []string{"rbind", "rw"}},
+			{Destination: "/ws", Type: "bind", Source: ws, Options: []string{"rbind", "nosuid", "nodev", "rw"}},
+		},
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+				{Type: specs.NetworkNamespace, Path: "/proc/self/ns/net"},
+			},
+		},
+	}
+}
+
+var caps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_NET_RAW", "CAP_SYS_ADMIN"}
+
+// createTAP and configureLinks copy internal/runtime's (unexported):
+// tap0 configured as the guest's interface.
+func createTAP() (int, error) {
+	for _, k := range []string{"default", "all"} {
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return -1, fmt.Errorf("disabling IPv6: %w", err)
+		}
+	}
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("opening /dev/net/tun: %w", err)
+	}
+	ifr, err := unix.NewIfreq("tap0")
+	if err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		unix.Close(fd)
+		return -1, fmt.Errorf("TUNSETIFF: %w", err)
+	}
+	if err := configureLinks(); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
+}
+
+func configureLinks() error {
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("finding lo: %w", err)
+	}
+	if err := netlink.LinkSetUp(lo); err != nil {
+		return fmt.Errorf("bringing lo up: %w", err)
+	}
+	tap, err := netlink.LinkByName("tap0")
+	if err != nil {
+		return fmt.Errorf("finding tap0: %w", err)
+	}
+	if err := netlink.LinkSetMTU(tap, netstack.MTU); err != nil {
+		return fmt.Errorf("setting tap0 mtu: %w", err)
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: netstack.Guest.AsSlice(), Mask: net.CIDRMask(netstack.PrefixLen, 32)}}
+	if err := netlink.AddrAdd(tap, addr); err != nil {
+		return fmt.Errorf("adding tap0 address: %w", err)
+	}
+	if err := netlink.LinkSetUp(tap); err != nil {
+		return fmt.Errorf("bringing tap0 up: %w", err)
+	}
+	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tap.Attrs().Index, Gw: netstack.Gateway.AsSlice()}); err != nil {
+		return fmt.Errorf("adding default route: %w", err)
+	}
+	if err := netlink.NeighAdd(&netlink.Neigh{
+		LinkIndex:    tap.Attrs().Index,
+		State:        netlink.NUD_PERMANENT,
+		IP:           netstack.Gateway.AsSlice(),
+		HardwareAddr: net.HardwareAddr(netstack.GatewayMAC),
+	}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding gateway neighbour: %w", err)
+	}
+	return nil
+}
