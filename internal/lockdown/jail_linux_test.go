@@ -4,6 +4,7 @@ package lockdown_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -13,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -26,8 +28,18 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+	"gvisor.dev/gvisor/pkg/tcpip/link/fdbased"
+	"gvisor.dev/gvisor/pkg/tcpip/network/arp"
+	"gvisor.dev/gvisor/pkg/tcpip/network/ipv4"
+	"gvisor.dev/gvisor/pkg/tcpip/stack"
+	"gvisor.dev/gvisor/pkg/tcpip/transport/tcp"
+
 	"moat.dev/moat/internal/lockdown"
 	"moat.dev/moat/internal/lockdown/escape"
+	"moat.dev/moat/internal/netstack"
 )
 
 // helperEnv carries the helper's instructions (JSON helperSpec) to the
@@ -53,6 +65,8 @@ type helperReport struct {
 	ReadOnlyErr string   // writing the read-only file (want an error)
 	ReadBack    string   // the read-only file's content
 	TLSErr      string
+	UDPErr      string
+	NetstackErr string
 	Escapes     []struct{ Name, Err string }
 	Echo        string // address of the echo server
 }
@@ -80,6 +94,14 @@ func runHelper(spec helperSpec) int {
 		go func() { runtime.LockOSThread(); <-park }()
 	}
 	time.Sleep(50 * time.Millisecond)
+	// The TAP stand-in, made before Apply as the parent will hand the
+	// real TAP fd over: socketpair is refused after.
+	tap, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		rep.ApplyErr = "socketpair: " + err.Error()
+		out.Encode(rep)
+		return 1
+	}
 	if err := lockdown.Apply(spec.Config); err != nil {
 		rep.ApplyErr = err.Error()
 		out.Encode(rep)
@@ -100,6 +122,8 @@ func runHelper(spec helperSpec) int {
 		rep.ReadBack = string(b)
 	}
 	rep.TLSErr = errString(tlsRoundTrip())
+	rep.UDPErr = errString(udpRoundTrip())
+	rep.NetstackErr = errString(netstackRoundTrip(tap))
 	for _, r := range escape.Attempts(spec.Targets) {
 		rep.Escapes = append(rep.Escapes, struct{ Name, Err string }{r.Name, errString(r.Err)})
 	}
@@ -210,6 +234,101 @@ func tlsRoundTrip() error {
 	b := make([]byte, 4)
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != "ping" {
 		return fmt.Errorf("echo over TLS: %q, %v", b, err)
+	}
+	return nil
+}
+
+// udpRoundTrip sends a datagram to itself over loopback, as the gate's DNS
+// forwarding does upstream.
+func udpRoundTrip() error {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer pc.Close()
+	c, err := net.Dial("udp", pc.LocalAddr().String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("q")); err != nil {
+		return err
+	}
+	pc.SetDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 8)
+	n, _, err := pc.ReadFrom(b)
+	if err != nil || string(b[:n]) != "q" {
+		return fmt.Errorf("datagram: %q, %v", b[:n], err)
+	}
+	return nil
+}
+
+// netstackRoundTrip runs the gate's netstack on one end of tap and a
+// guest's gVisor stack (fdbased, as runsc's) on the other, and moves 1 MiB
+// each way over a connection the gateway opens to the guest: the TAP
+// reader, writev, the stacks' timers and goroutines, all under the filter.
+func netstackRoundTrip(tap [2]int) error {
+	gw, err := netstack.New(netstack.Options{TAPFD: tap[0], Log: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return err
+	}
+	defer gw.Close()
+	ep, err := fdbased.New(&fdbased.Options{
+		FDs: []int{tap[1]}, MTU: netstack.MTU, EthernetHeader: true, Address: tcpip.LinkAddress("\x02\x00\x00\x00\x00\x02"),
+		RXChecksumOffload: true, TXChecksumOffload: true,
+	})
+	if err != nil {
+		return err
+	}
+	guest := stack.New(stack.Options{
+		NetworkProtocols:   []stack.NetworkProtocolFactory{ipv4.NewProtocol, arp.NewProtocol},
+		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol},
+	})
+	defer func() { guest.Close(); guest.Wait() }()
+	if e := guest.CreateNIC(1, ep); e != nil {
+		return fmt.Errorf("guest NIC: %v", e)
+	}
+	if e := guest.AddProtocolAddress(1, tcpip.ProtocolAddress{
+		Protocol:          ipv4.ProtocolNumber,
+		AddressWithPrefix: tcpip.AddressWithPrefix{Address: tcpip.AddrFrom4(netstack.Guest.As4()), PrefixLen: netstack.PrefixLen},
+	}, stack.AddressProperties{}); e != nil {
+		return fmt.Errorf("guest address: %v", e)
+	}
+	sub, _ := tcpip.NewSubnet(tcpip.AddrFrom4([4]byte{}), tcpip.MaskFromBytes(make([]byte, 4)))
+	guest.SetRouteTable([]tcpip.Route{{Destination: sub, Gateway: tcpip.AddrFrom4(netstack.Gateway.As4()), NIC: 1}})
+	guest.AddStaticNeighbor(1, ipv4.ProtocolNumber, tcpip.AddrFrom4(netstack.Gateway.As4()), netstack.GatewayMAC)
+	ln, err := gonet.ListenTCP(guest, tcpip.FullAddress{NIC: 1, Port: 22}, ipv4.ProtocolNumber)
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err == nil {
+			io.Copy(c, c)
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err := gw.DialGuest(ctx, 22)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	go func() {
+		c.Write(data)
+		c.(*gonet.TCPConn).CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		return err
+	}
+	if !bytes.Equal(got, data) {
+		return fmt.Errorf("echoed %d bytes, want the %d sent", len(got), len(data))
 	}
 	return nil
 }
@@ -339,6 +458,12 @@ func TestJail(t *testing.T) {
 	}
 	if rep.TLSErr != "" {
 		t.Errorf("TLS in the jail: %s", rep.TLSErr)
+	}
+	if rep.UDPErr != "" {
+		t.Errorf("UDP in the jail: %s", rep.UDPErr)
+	}
+	if rep.NetstackErr != "" {
+		t.Errorf("the gate's netstack in the jail: %s", rep.NetstackErr)
 	}
 	if len(rep.Escapes) < 20 {
 		t.Errorf("only %d escape attempts reported", len(rep.Escapes))
