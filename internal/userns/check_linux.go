@@ -124,7 +124,9 @@ func checkOverlay() Prereq {
 	for _, d := range []string{"lower", "upper", "work", "merged"} {
 		os.Mkdir(filepath.Join(dir, d), 0o700)
 	}
-	opts := fmt.Sprintf("lowerdir=%[1]s/lower,upperdir=%[1]s/upper,workdir=%[1]s/work", dir)
+	// userxattr: the option the shim needs in a user namespace (kernel
+	// 5.11 on); without it overlayfs cannot record opaque directories.
+	opts := fmt.Sprintf("lowerdir=%[1]s/lower,upperdir=%[1]s/upper,workdir=%[1]s/work,userxattr", dir)
 	cmd := exec.Command("unshare", "--user", "--map-root-user", "--mount", "mount", "-t", "overlay", "overlay", "-o", opts, filepath.Join(dir, "merged"))
 	cmd.WaitDelay = time.Second
 	out, err := cmd.CombinedOutput()

@@ -8,8 +8,9 @@
 // host, so what the shim and the guest's root write belongs to the user)
 // or the user's own id (KeepIDs: a guest process running as the user's
 // uid owns the workspace and writes files that belong to the user). The
-// other ids exist because runsc needs them: its sandbox and gofer run as
-// nobody (65534) inside.
+// other ids exist for the guest: runsc (with directfs, its default) runs
+// its sandbox and gofer in a nested namespace with this namespace's map,
+// and a file the guest gives an owner that is not mapped cannot be made.
 //
 // Only the setuid helpers newuidmap and newgidmap (Debian's package
 // uidmap) may write such a map for an unprivileged process, and only on a
@@ -54,9 +55,10 @@ var (
 	ErrDisabled = errors.New("user namespaces are not allowed")
 )
 
-// MinSubIDs is the smallest subordinate range moat accepts: runsc runs
-// its sandbox and gofer as nobody (65534) of the namespace, so ids up to
-// 65534 must be mapped (0 is the user, 1..65534 come from the range).
+// MinSubIDs is the smallest subordinate range moat accepts: every id the
+// guest's files may have must be mapped, and a Debian guest has system
+// users from 0 up and nobody at 65534, so ids 0..65534 are (one is the
+// user, the range gives the others).
 const MinSubIDs = 65534
 
 // Range is one entry of /etc/subuid or /etc/subgid: Count host ids from
@@ -103,7 +105,7 @@ func Maps(layout Layout, id uint32, sub []Range, file, user string) ([]IDMap, er
 		total += uint64(r.Count)
 	}
 	if total < MinSubIDs {
-		return nil, fmt.Errorf("%w: %s gives %s %d subordinate ids, and moat needs at least %d (runsc runs as nobody, 65534, inside the namespace); %s",
+		return nil, fmt.Errorf("%w: %s gives %s %d subordinate ids, and moat needs at least %d (the guest's ids up to nobody, 65534, must be mapped); %s",
 			ErrNoSubIDs, file, user, total, MinSubIDs, fixSubIDs(user))
 	}
 	at := uint64(0)

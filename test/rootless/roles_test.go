@@ -3,6 +3,7 @@
 package rootless
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -13,7 +14,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -38,6 +41,12 @@ const (
 	uidEnv   = "ROOTLESS_GUEST_UID" // a second file is written as this guest uid
 	debugEnv = "ROOTLESS_DEBUG"
 	keepEnv  = "ROOTLESS_KEEP_IDS" // userns.KeepIDs instead of RootIsUser
+	// For finding out by hand what breaks (see /work/notes/rootless.md):
+	// runsc flags to drop from runtime.RunscArgs, and flags to add.
+	dropEnv  = "ROOTLESS_RUNSC_DROP"
+	extraEnv = "ROOTLESS_RUNSC_EXTRA"
+	probeEnv = "ROOTLESS_GUEST_PROBE" // shell run in the guest first, output on stderr
+	layerEnv = "ROOTLESS_LAYER"       // a user-owned lower layer, mounted at /opt
 )
 
 // udpPort and payload: what the guest sends to the gateway over tap0,
@@ -63,6 +72,8 @@ func roleMain(role string) int {
 		err = parentMain()
 	case "child":
 		err = childMain()
+	case "check":
+		err = json.NewEncoder(os.Stdout).Encode(userns.Check())
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
@@ -257,7 +268,7 @@ func childMain() error {
 	if err != nil {
 		return fmt.Errorf("creating tap device: %w", err)
 	}
-	root, usr, err := mountRoot(state)
+	root, usr, opt, err := mountRoot(state, os.Getenv(layerEnv), rootless)
 	if err != nil {
 		return err
 	}
@@ -276,14 +287,20 @@ func childMain() error {
 	if err := os.MkdirAll(bundle, 0o700); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(guestSpec(root, usr, ws, guestUID), "", "  ")
+	b, err := json.MarshalIndent(guestSpec(root, usr, opt, ws, guestUID), "", "  ")
 	if err != nil {
 		return err
 	}
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), b, 0o600); err != nil {
 		return err
 	}
-	args := append(runtime.RunscArgs(state, "", os.Getenv(debugEnv) != ""), "run", "--bundle="+bundle, "rootless")
+	var args []string
+	for _, a := range runtime.RunscArgs(state, "", os.Getenv(debugEnv) != "") {
+		if !slices.Contains(strings.Fields(os.Getenv(dropEnv)), a) {
+			args = append(args, a)
+		}
+	}
+	args = append(append(args, strings.Fields(os.Getenv(extraEnv))...), "run", "--bundle="+bundle, "rootless")
 	run := exec.Command(runsc, args...)
 	run.Stdout, run.Stderr = os.Stderr, os.Stderr
 	run.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -294,44 +311,59 @@ func childMain() error {
 }
 
 // mountRoot builds a root like moat's host image, smaller: an empty
-// root with merged-/usr links, and the host's /usr as the read-only
-// lower layer of an overlay, bound at /usr.
-func mountRoot(state string) (root, usr string, err error) {
+// root with merged-/usr links and two overlays, each to be bound into the
+// guest: the host's /usr (lower owned by the host's root) at /usr, and a
+// layer the user made (as an image layer extracted by the user) at /opt.
+func mountRoot(state, layer string, rootless bool) (root, usr, opt string, err error) {
 	root = filepath.Join(state, "root")
-	for _, d := range []string{"proc", "sys", "dev", "tmp", "usr", "etc", "ws"} {
+	for _, d := range []string{"proc", "sys", "dev", "tmp", "usr", "opt", "etc", "ws"} {
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
 	for _, l := range []string{"bin", "sbin", "lib", "lib64"} {
 		if err := os.Symlink("usr/"+l, filepath.Join(root, l)); err != nil && !errors.Is(err, fs.ErrExist) {
-			return "", "", err
+			return "", "", "", err
 		}
 	}
-	upper, work := filepath.Join(state, "upper", "usr"), filepath.Join(state, "work", "usr")
-	usr = filepath.Join(state, "merged", "usr")
-	for _, d := range []string{upper, work, usr} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return "", "", err
+	usr, opt = filepath.Join(state, "merged", "usr"), filepath.Join(state, "merged", "opt")
+	for _, o := range []struct{ lower, name, target string }{{"/usr", "usr", usr}, {layer, "opt", opt}} {
+		upper, work := filepath.Join(state, "upper", o.name), filepath.Join(state, "work", o.name)
+		for _, d := range []string{upper, work, o.target} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return "", "", "", err
+			}
+		}
+		opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", o.lower, upper, work)
+		if rootless {
+			// In a user namespace overlayfs cannot set its trusted.*
+			// xattrs: without userxattr, removing a lower directory
+			// (whiteout + opaque dir) fails with EIO.
+			opts += ",userxattr"
+		}
+		if err := unix.Mount("overlay", o.target, "overlay", 0, opts); err != nil {
+			return "", "", "", fmt.Errorf("mounting overlay on %s (%s): %w", o.target, opts, err)
 		}
 	}
-	opts := fmt.Sprintf("lowerdir=/usr,upperdir=%s,workdir=%s", upper, work)
-	if err := unix.Mount("overlay", usr, "overlay", 0, opts); err != nil {
-		return "", "", fmt.Errorf("mounting overlay on %s (%s): %w", usr, opts, err)
-	}
-	return root, usr, nil
+	return root, usr, opt, nil
 }
 
 // guestSpec follows internal/runtime's ociSpec (unexported there) for what
 // matters here: the same namespaces, the netns holding tap0, no cgroup.
-// The guest writes two files in the workspace, as root and as guestUID,
-// then sends a datagram to the gateway over tap0.
-func guestSpec(root, usr, ws string, guestUID int) *specs.Spec {
-	script := fmt.Sprintf(`set -e
+// The guest replaces a directory of the user's layer (a whiteout and an
+// opaque directory in the overlay's upper layer), writes two files in the
+// workspace, as root and as guestUID, then sends a datagram to the
+// gateway over tap0.
+func guestSpec(root, usr, opt, ws string, guestUID int) *specs.Spec {
+	script := fmt.Sprintf(`(%[5]s) >&2 2>&1 || true
+set -e
+rm -r /opt/d
+mkdir /opt/d
+test ! -e /opt/d/b
 echo root > /ws/as-root
 setpriv --reuid=%[1]d --regid=%[1]d --clear-groups sh -c 'echo user > /ws/as-guest-user' || echo "guest uid %[1]d cannot write the workspace"
 echo %[2]s > /dev/udp/%[3]s/%[4]d
-`, guestUID, payload, netstack.Gateway, udpPort)
+`, guestUID, payload, netstack.Gateway, udpPort, cmp.Or(os.Getenv(probeEnv), ":"))
 	return &specs.Spec{
 		Version: specs.Version,
 		Process: &specs.Process{
@@ -350,6 +382,7 @@ echo %[2]s > /dev/udp/%[3]s/%[4]d
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 			{Destination: "/usr", Type: "bind", Source: usr, Options: []string{"rbind", "rw"}},
+			{Destination: "/opt", Type: "bind", Source: opt, Options: []string{"rbind", "rw"}},
 			{Destination: "/ws", Type: "bind", Source: ws, Options: []string{"rbind", "nosuid", "nodev", "rw"}},
 		},
 		Linux: &specs.Linux{

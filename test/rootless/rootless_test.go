@@ -74,6 +74,9 @@ func TestRootlessSandbox(t *testing.T) {
 			state, ws := mkdirOwned(t, h.base, name+"-state", u), mkdirOwned(t, h.base, name+"-ws", u)
 			rep, stderr := h.run(t, "rootless", state, ws, tt.layout != "")
 			t.Logf("%+v", rep)
+			if os.Getenv(probeEnv) != "" {
+				t.Logf("guest stderr:\n%s", stderr)
+			}
 			if !strings.Contains(rep.Frame, payload) {
 				t.Errorf("frame read from the TAP fd = %q, want the guest's %q", rep.Frame, payload)
 			}
@@ -86,6 +89,36 @@ func TestRootlessSandbox(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRootlessCheck runs userns.Check as the test user on the host set up
+// as the recipe needs: every prerequisite must be met. (Each one's
+// failure message is in internal/userns' unit tests and doc.)
+func TestRootlessCheck(t *testing.T) {
+	h := setupHost(t)
+	cmd := exec.Command(h.self, "-test.run=^$")
+	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", roleEnv + "=check"}
+	cmd.Dir = h.base
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: h.user.uid, Gid: h.user.gid, Groups: []uint32{}}}
+	cmd.WaitDelay = 5 * time.Second
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("check role: %v", err)
+	}
+	var got []userns.Prereq
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("parsing %q: %v", out, err)
+	}
+	if len(got) != 7 {
+		t.Errorf("Check returned %d prerequisites, want the 7 of its doc: %+v", len(got), got)
+	}
+	for _, p := range got {
+		if !p.OK {
+			t.Errorf("%s: %s (fix: %s)", p.Name, p.Detail, p.Fix)
+		} else {
+			t.Logf("%s: %s", p.Name, p.Detail)
+		}
 	}
 }
 
@@ -147,6 +180,7 @@ func median(rs []report, f func(report) float64) float64 {
 
 type host struct {
 	user  *testUser
+	layer string // a lower layer owned by the user
 	base  string // world-traversable dir holding the test binary and the runs' dirs
 	self  string // the test binary, copied where the user can run it
 	runsc string
@@ -190,7 +224,21 @@ func setupHost(t *testing.T) *host {
 	if err := copyFile(exe, self, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	return &host{user: u, base: base, self: self, runsc: runsc}
+	// A lower layer as the user would extract an image layer: its files
+	// are the user's, so root's inside the namespace.
+	layer := mkdirOwned(t, base, "layer", u)
+	if err := os.Mkdir(filepath.Join(layer, "d"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(layer, "d", "b"), []byte("b\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(layer, "d"), filepath.Join(layer, "d", "b")} {
+		if err := os.Chown(p, int(u.uid), int(u.gid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &host{user: u, base: base, self: self, runsc: runsc, layer: layer}
 }
 
 // run runs the parent role, as the test user when asUser, and returns its
@@ -207,12 +255,18 @@ func (h *host) run(t *testing.T, mode, state, ws string, keepIDs bool) (report, 
 		roleEnv + "=parent", modeEnv + "=" + mode,
 		stateEnv + "=" + state, wsEnv + "=" + ws, runscEnv + "=" + h.runsc,
 		uidEnv + "=" + strconv.Itoa(int(h.user.uid)),
+		layerEnv + "=" + h.layer,
 	}
 	if os.Getenv(debugEnv) != "" {
 		cmd.Env = append(cmd.Env, debugEnv+"=1")
 	}
 	if keepIDs {
 		cmd.Env = append(cmd.Env, keepEnv+"=1")
+	}
+	for _, k := range []string{dropEnv, extraEnv, probeEnv} {
+		if v := os.Getenv(k); v != "" {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
 	}
 	cmd.Dir = h.base
 	if mode == "rootless" {
