@@ -2,6 +2,7 @@ package userns
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -176,17 +177,28 @@ func (c *Config) Start(cmd *exec.Cmd) error {
 // handshake writes the maps of the child pid (which exists from the clone
 // on, exec or not), tells it, and waits for its answer.
 func (c *Config) handshake(sync *os.File, pid int) error {
+	// The two helpers are independent: run together, the second's exec
+	// is not added to every start.
+	errs := make(chan error, 2)
 	for _, m := range []struct {
 		tool string
 		maps []IDMap
 	}{{c.NewUIDMap, c.UIDMap}, {c.NewGIDMap, c.GIDMap}} {
-		var stderr bytes.Buffer
-		run := exec.Command(m.tool, args(pid, m.maps)...)
-		run.Stderr = &stderr
-		if err := run.Run(); err != nil {
-			return fmt.Errorf("%w: %s %s: %v: %s (it checks the ranges against /etc/subuid and /etc/subgid for user %s)",
-				ErrNoIDMapTool, m.tool, strings.Join(run.Args[1:], " "), err, strings.TrimSpace(stderr.String()), c.User)
-		}
+		go func() {
+			var stderr bytes.Buffer
+			run := exec.Command(m.tool, args(pid, m.maps)...)
+			run.Stderr = &stderr
+			run.WaitDelay = time.Second
+			if err := run.Run(); err != nil {
+				errs <- fmt.Errorf("%w: %s %s: %v: %s (it checks the ranges against /etc/subuid and /etc/subgid for user %s)",
+					ErrNoIDMapTool, m.tool, strings.Join(run.Args[1:], " "), err, strings.TrimSpace(stderr.String()), c.User)
+				return
+			}
+			errs <- nil
+		}()
+	}
+	if err := cmp.Or(<-errs, <-errs); err != nil {
+		return err
 	}
 	if _, err := sync.Write([]byte{wordMapped}); err != nil {
 		return fmt.Errorf("telling the child its maps are written: %w", err)

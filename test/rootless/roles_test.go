@@ -300,14 +300,40 @@ func childMain() error {
 			args = append(args, a)
 		}
 	}
-	args = append(append(args, strings.Fields(os.Getenv(extraEnv))...), "run", "--bundle="+bundle, "rootless")
+	// As the shim does (superviseRunsc): run --detach, then stay as PID 1
+	// reaping runsc's sandbox and gofer until the sandbox exits.
+	pidFile := filepath.Join(bundle, "sandbox.pid")
+	args = append(append(args, strings.Fields(os.Getenv(extraEnv))...), "run", "--detach", "--pid-file="+pidFile, "--bundle="+bundle, "rootless")
 	run := exec.Command(runsc, args...)
 	run.Stdout, run.Stderr = os.Stderr, os.Stderr
 	run.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	if err := run.Run(); err != nil {
 		return fmt.Errorf("runsc %v: %w", args, err)
 	}
-	return nil
+	b, err = os.ReadFile(pidFile)
+	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || sandbox <= 0 {
+		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
+	}
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, 0, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("waiting for the sandbox: %w", err)
+		}
+		if pid == sandbox {
+			if ws.Signaled() {
+				return fmt.Errorf("the sandbox was killed by %v", ws.Signal())
+			}
+			if ws.ExitStatus() != 0 {
+				return fmt.Errorf("the sandbox exited with status %d", ws.ExitStatus())
+			}
+			return nil
+		}
+	}
 }
 
 // mountRoot builds a root like moat's host image, smaller: an empty
