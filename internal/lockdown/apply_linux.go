@@ -7,8 +7,10 @@ import (
 	"os"
 	"runtime"
 	"syscall"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/abi/linux"
 )
 
 // Apply jails the calling process as the package doc describes. The process
@@ -45,6 +47,27 @@ func Apply(c Config) error {
 	}
 	if err := installFilter(filter); err != nil {
 		return fmt.Errorf("lockdown: %w", err)
+	}
+	return nil
+}
+
+// Supported reports whether Apply can work in this binary on this kernel,
+// without changing anything: for moat doctor, and for the daemon to refuse
+// early with a reason rather than fail in the child.
+func Supported() error {
+	if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_GETPID, 0, 0, 0); errno == unix.ENOTSUP {
+		return fmt.Errorf("%w in a binary built with cgo: build it with CGO_ENABLED=0", ErrUnsupported)
+	}
+	// An invalid fd gets EBADF (or EINVAL) from a kernel that has the
+	// call, ENOSYS from one that does not.
+	if _, err := unix.OpenTree(-1, "", 0); err == unix.ENOSYS {
+		return fmt.Errorf("%w: the kernel lacks open_tree(2); Linux 5.2 or later is needed", ErrUnsupported)
+	}
+	for _, action := range []linux.BPFAction{linux.SECCOMP_RET_ERRNO, linux.SECCOMP_RET_KILL_PROCESS} {
+		a := uint32(action)
+		if _, _, errno := unix.Syscall(unix.SYS_SECCOMP, linux.SECCOMP_GET_ACTION_AVAIL, 0, uintptr(unsafe.Pointer(&a))); errno != 0 {
+			return fmt.Errorf("%w: the kernel's seccomp lacks action %#x (%v); Linux 4.14 or later with CONFIG_SECCOMP_FILTER is needed", ErrUnsupported, action, errno)
+		}
 	}
 	return nil
 }

@@ -14,3 +14,8 @@ func Apply(c Config) error {
 	}
 	return fmt.Errorf("%w on %s/%s: it needs linux/amd64 or linux/arm64", ErrUnsupported, runtime.GOOS, runtime.GOARCH)
 }
+
+// Supported reports that Apply cannot work here.
+func Supported() error {
+	return fmt.Errorf("%w on %s/%s: it needs linux/amd64 or linux/arm64", ErrUnsupported, runtime.GOOS, runtime.GOARCH)
+}

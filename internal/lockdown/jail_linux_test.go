@@ -56,6 +56,8 @@ type helperSpec struct {
 	ReadOnly   string // a file in Config.Binds, read-only
 	Targets    escape.Targets
 	PreThreads int // threads locked before Apply
+	// NoMountSetattr takes the path for kernels before 5.12.
+	NoMountSetattr bool
 }
 
 type helperReport struct {
@@ -102,6 +104,7 @@ func runHelper(spec helperSpec) int {
 		out.Encode(rep)
 		return 1
 	}
+	lockdown.SetNoMountSetattr(spec.NoMountSetattr)
 	if err := lockdown.Apply(spec.Config); err != nil {
 		rep.ApplyErr = err.Error()
 		out.Encode(rep)
@@ -337,6 +340,13 @@ func TestJail(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to build the jail (mount namespace, pivot_root, setuid); run as root, as CI does")
 	}
+	bin := helperBinary(t)
+	t.Run("mount_setattr", func(t *testing.T) { testJail(t, bin, false) })
+	t.Run("remount for kernels before 5.12", func(t *testing.T) { testJail(t, bin, true) })
+}
+
+// testJail runs the helper binary jailed and checks it from outside.
+func testJail(t *testing.T, bin string, noMountSetattr bool) {
 	uid := throwawayBase + os.Getpid()%65536
 	gid := uid
 
@@ -347,6 +357,11 @@ func TestJail(t *testing.T) {
 	roDir := t.TempDir()
 	readOnly := filepath.Join(roDir, "config")
 	if err := os.WriteFile(readOnly, []byte("original"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	// World-writable, past the umask: only the read-only mount stops the
+	// jailed uid.
+	if err := os.Chmod(readOnly, 0o666); err != nil {
 		t.Fatal(err)
 	}
 	// A file and a socket outside the binds that the uid could reach
@@ -398,12 +413,13 @@ func TestJail(t *testing.T) {
 			PIDs:        []int{os.Getpid()},
 			Execs:       []string{"/bin/true", os.Args[0]},
 		},
-		PreThreads: 4,
+		PreThreads:     4,
+		NoMountSetattr: noMountSetattr,
 	}
 	raw, _ := json.Marshal(spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, helperBinary(t), "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
 	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	cmd.Stderr = os.Stderr
@@ -438,6 +454,8 @@ func TestJail(t *testing.T) {
 	if n := threads(t, cmd.Process.Pid); n < 1+spec.PreThreads+4 {
 		t.Errorf("child has %d threads, want at least %d: the thread checks prove less than they should", n, 1+spec.PreThreads+4)
 	}
+
+	checkBindFlags(t, cmd.Process.Pid, spec.Config.Binds)
 
 	// The root holds only the binds' top directory.
 	wantRoot := topDirs(writable, readOnly)
@@ -494,6 +512,38 @@ func TestJail(t *testing.T) {
 	b := make([]byte, len("still here"))
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != "still here" {
 		t.Errorf("echo from the jail: %q, %v", b, err)
+	}
+}
+
+// checkBindFlags reads the child's mounts: each bind nosuid, nodev,
+// noexec, and read-only unless writable.
+func checkBindFlags(t *testing.T, pid int, binds []lockdown.Bind) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 5 {
+			opts[f[4]] = strings.Split(f[5], ",")
+		}
+	}
+	for _, bd := range binds {
+		got, ok := opts[bd.Path]
+		if !ok {
+			t.Errorf("bind %s is not a mount in the jail; mounts: %v", bd.Path, opts)
+			continue
+		}
+		want := []string{"nosuid", "nodev", "noexec", "ro"}
+		if bd.Writable {
+			want[3] = "rw"
+		}
+		for _, w := range want {
+			if !slices.Contains(got, w) {
+				t.Errorf("bind %s mounted %v, want %s", bd.Path, got, w)
+			}
+		}
 	}
 }
 

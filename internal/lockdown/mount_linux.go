@@ -22,6 +22,20 @@ var stageDirs = []string{"/tmp", "/mnt", "/run"}
 // raise privileges, be a device, or run.
 const bindAttrs = unix.MOUNT_ATTR_NOSUID | unix.MOUNT_ATTR_NODEV | unix.MOUNT_ATTR_NOEXEC
 
+// noMountSetattr makes enterRoot take the path for kernels before 5.12,
+// which lack mount_setattr(2); tests set it to cover that path here.
+var noMountSetattr bool
+
+// haveMountSetattr probes for mount_setattr(2): on an invalid fd a kernel
+// that has it answers EBADF, one that does not ENOSYS.
+func haveMountSetattr() bool {
+	if noMountSetattr {
+		return false
+	}
+	err := unix.MountSetattr(-1, "", unix.AT_EMPTY_PATH, &unix.MountAttr{})
+	return !errors.Is(err, unix.ENOSYS)
+}
+
 // clonedBind is a bind's source, detached from the host's tree and ready to
 // be attached in the new root.
 type clonedBind struct {
@@ -37,7 +51,8 @@ func enterRoot(binds []Bind) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("making / recursively private: %w (is the process in its own mount namespace, as root?)", err)
 	}
-	clones, err := cloneBinds(binds)
+	setattr := haveMountSetattr()
+	clones, err := cloneBinds(binds, setattr)
 	defer func() {
 		for _, c := range clones {
 			unix.Close(c.fd)
@@ -51,7 +66,7 @@ func enterRoot(binds []Bind) error {
 		return err
 	}
 	for _, c := range clones {
-		if err := attach(stage, c); err != nil {
+		if err := attach(stage, c, setattr); err != nil {
 			return err
 		}
 	}
@@ -66,23 +81,31 @@ func enterRoot(binds []Bind) error {
 	return nil
 }
 
-// cloneBinds takes a detached copy (open_tree OPEN_TREE_CLONE, recursive
-// like rbind) of each bind's source, with its attributes already set, so
-// that nothing after depends on host paths.
-func cloneBinds(binds []Bind) ([]clonedBind, error) {
+// cloneBinds takes a detached copy (open_tree OPEN_TREE_CLONE) of each
+// bind's source so that nothing after depends on host paths. With
+// mount_setattr the copy is recursive, like rbind, and gets its flags here
+// on every mount in it; without, it is the one mount, and attach sets its
+// flags with a remount, which reaches no submount: so none is taken.
+func cloneBinds(binds []Bind, setattr bool) ([]clonedBind, error) {
 	var out []clonedBind
+	flags := uint(unix.OPEN_TREE_CLONE | unix.OPEN_TREE_CLOEXEC)
+	if setattr {
+		flags |= unix.AT_RECURSIVE
+	}
 	for _, b := range binds {
-		fd, err := unix.OpenTree(unix.AT_FDCWD, b.Path, unix.OPEN_TREE_CLONE|unix.OPEN_TREE_CLOEXEC|unix.AT_RECURSIVE)
+		fd, err := unix.OpenTree(unix.AT_FDCWD, b.Path, flags)
 		if err != nil {
-			return out, fmt.Errorf("cloning bind %s: %w", b.Path, err)
+			return out, fmt.Errorf("cloning bind %s (open_tree needs Linux 5.2): %w", b.Path, err)
 		}
-		c := clonedBind{Bind: b, fd: fd}
-		out = append(out, c)
+		out = append(out, clonedBind{Bind: b, fd: fd})
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
 			return out, fmt.Errorf("reading bind %s: %w", b.Path, err)
 		}
 		out[len(out)-1].dir = st.Mode&unix.S_IFMT == unix.S_IFDIR
+		if !setattr {
+			continue
+		}
 		attr := unix.MountAttr{Attr_set: bindAttrs}
 		if !b.Writable {
 			attr.Attr_set |= unix.MOUNT_ATTR_RDONLY
@@ -111,7 +134,7 @@ func mountStage() (string, error) {
 
 // attach creates c's mount point under stage at c's own path and moves the
 // clone there.
-func attach(stage string, c clonedBind) error {
+func attach(stage string, c clonedBind, setattr bool) error {
 	target := filepath.Join(stage, c.Path)
 	if err := mkdirAll(filepath.Dir(target)); err != nil {
 		return fmt.Errorf("creating the parents of bind %s: %w", c.Path, err)
@@ -129,6 +152,16 @@ func attach(stage string, c clonedBind) error {
 	}
 	if err := unix.MoveMount(c.fd, "", unix.AT_FDCWD, target, unix.MOVE_MOUNT_F_EMPTY_PATH); err != nil {
 		return fmt.Errorf("attaching bind %s: %w", c.Path, err)
+	}
+	if setattr {
+		return nil
+	}
+	flags := uintptr(unix.MS_REMOUNT | unix.MS_BIND | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if !c.Writable {
+		flags |= unix.MS_RDONLY
+	}
+	if err := unix.Mount("", target, "", flags, ""); err != nil {
+		return fmt.Errorf("setting mount flags of bind %s: %w", c.Path, err)
 	}
 	return nil
 }
