@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"strconv"
 	"syscall"
 	"unsafe"
 
@@ -25,6 +26,9 @@ func Apply(c Config) error {
 	// threads that C code started; the runtime refuses it in cgo binaries.
 	if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_GETPID, 0, 0, 0); errno == unix.ENOTSUP {
 		return fmt.Errorf("%w in a binary built with cgo: build it with CGO_ENABLED=0", ErrUnsupported)
+	}
+	if err := refuseDirFDs(); err != nil {
+		return err
 	}
 	// Built before anything changes, so a bad table costs nothing.
 	filter, err := buildFilter(os.Getpid())
@@ -47,6 +51,31 @@ func Apply(c Config) error {
 	}
 	if err := installFilter(filter); err != nil {
 		return fmt.Errorf("lockdown: %w", err)
+	}
+	return nil
+}
+
+// refuseDirFDs fails if the process holds an open directory: openat(fd,
+// "..") from a directory outside the new root walks up the host's tree,
+// past pivot_root and the detached old root alike. Closing such fds for the
+// caller could break whatever holds them; refusing names the culprit.
+func refuseDirFDs() error {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return fmt.Errorf("lockdown: listing open fds to refuse directories among them: %w", err)
+	}
+	for _, e := range ents {
+		fd, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		// EBADF: the fd ReadDir used, closed since.
+		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue
+		}
+		target, _ := os.Readlink("/proc/self/fd/" + e.Name())
+		return fmt.Errorf("%w: fd %d is an open directory (%s), from which the jailed process could walk out of its root; close it before Apply", ErrConfig, fd, target)
 	}
 	return nil
 }

@@ -58,6 +58,8 @@ type helperSpec struct {
 	PreThreads int // threads locked before Apply
 	// NoMountSetattr takes the path for kernels before 5.12.
 	NoMountSetattr bool
+	// LeakDir is a directory the child holds open across Apply.
+	LeakDir string
 }
 
 type helperReport struct {
@@ -103,6 +105,15 @@ func runHelper(spec helperSpec) int {
 		rep.ApplyErr = "socketpair: " + err.Error()
 		out.Encode(rep)
 		return 1
+	}
+	if spec.LeakDir != "" {
+		d, err := os.Open(spec.LeakDir)
+		if err != nil {
+			rep.ApplyErr = "opening the leak: " + err.Error()
+			out.Encode(rep)
+			return 1
+		}
+		defer d.Close()
 	}
 	lockdown.SetNoMountSetattr(spec.NoMountSetattr)
 	if err := lockdown.Apply(spec.Config); err != nil {
@@ -343,6 +354,16 @@ func TestJail(t *testing.T) {
 	bin := helperBinary(t)
 	t.Run("mount_setattr", func(t *testing.T) { testJail(t, bin, false) })
 	t.Run("remount for kernels before 5.12", func(t *testing.T) { testJail(t, bin, true) })
+	t.Run("refuses an open directory", func(t *testing.T) {
+		uid := throwawayBase + os.Getpid()%65536
+		_, rep := startHelper(t, bin, helperSpec{
+			Config:  lockdown.Config{UID: uid, GID: uid, NoFile: 64},
+			LeakDir: t.TempDir(),
+		})
+		if !strings.Contains(rep.ApplyErr, "open directory") {
+			t.Fatalf("Apply with a directory fd open: got %q, want a refusal naming it", rep.ApplyErr)
+		}
+	})
 }
 
 // testJail runs the helper binary jailed and checks it from outside.
@@ -416,33 +437,7 @@ func testJail(t *testing.T, bin string, noMountSetattr bool) {
 		PreThreads:     4,
 		NoMountSetattr: noMountSetattr,
 	}
-	raw, _ := json.Marshal(spec)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
-	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
-	cmd.Stderr = os.Stderr
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		stdin.Close()
-		if err := cmd.Wait(); err != nil {
-			t.Errorf("child: %v", err)
-		}
-	}()
-
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("reading the child's report: %v (did an exec replace it?)", err)
-	}
-	var rep helperReport
-	if err := json.Unmarshal([]byte(line), &rep); err != nil {
-		t.Fatalf("child report %q: %v", line, err)
-	}
+	cmd, rep := startHelper(t, bin, spec)
 	if rep.ApplyErr != "" {
 		t.Fatalf("Apply: %s", rep.ApplyErr)
 	}
@@ -513,6 +508,40 @@ func testJail(t *testing.T, bin string, noMountSetattr bool) {
 	if _, err := io.ReadFull(c, b); err != nil || string(b) != "still here" {
 		t.Errorf("echo from the jail: %q, %v", b, err)
 	}
+}
+
+// startHelper starts the helper in a mount namespace of its own and reads
+// its report; the child serves until the test ends.
+func startHelper(t *testing.T, bin string, spec helperSpec) (*exec.Cmd, helperReport) {
+	t.Helper()
+	raw, _ := json.Marshal(spec)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	cmd.Stderr = os.Stderr
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	var rep helperReport
+	t.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil && rep.ApplyErr == "" {
+			t.Errorf("child: %v", err)
+		}
+		cancel()
+	})
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("reading the child's report: %v (did an exec replace it?)", err)
+	}
+	if err := json.Unmarshal([]byte(line), &rep); err != nil {
+		t.Fatalf("child report %q: %v", line, err)
+	}
+	return cmd, rep
 }
 
 // checkBindFlags reads the child's mounts: each bind nosuid, nodev,
