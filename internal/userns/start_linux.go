@@ -129,8 +129,8 @@ const readyTimeout = 30 * time.Second
 // network, PID: they then belong to the new user namespace). It returns
 // once the maps are written and the child, which must call Wait first,
 // runs as uid 0 of the namespace; on an error it kills the child. The
-// child's Pdeathsig, if set, holds: Wait sets it again after exec and
-// setuid, which clear it.
+// child's Pdeathsig, if set, holds: Wait sets it again after its setuid,
+// which clears it.
 func (c *Config) Start(cmd *exec.Cmd) error {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
@@ -239,10 +239,11 @@ func Wait(sig syscall.Signal) error {
 			return fmt.Errorf("becoming uid 0 of the user namespace: %w", err)
 		}
 	}
-	// The exec (a "secure" one: the child gained capabilities) and the
-	// setuid both cleared the parent-death signal. Set it before telling
-	// the parent: a parent that died before this sees no word, and the
-	// write then fails; one that dies after takes the child with it.
+	// The setuid above (KeepIDs) cleared the parent-death signal, as any
+	// change of euid does; the exec did not (ambient capabilities do not
+	// make it a secure exec). Set it before telling the parent: a parent
+	// that died before this never reads the word, and the write fails;
+	// one that dies after takes the child with it.
 	if sig != 0 {
 		if err := unix.Prctl(unix.PR_SET_PDEATHSIG, uintptr(sig), 0, 0, 0); err != nil {
 			return fmt.Errorf("setting the parent-death signal: %w", err)

@@ -92,6 +92,100 @@ func TestRootlessSandbox(t *testing.T) {
 	}
 }
 
+// TestRootlessParentDeath kills the unprivileged parent (the daemon's
+// part) with SIGKILL while the guest runs: the child's parent-death
+// signal, which userns.Wait set again after exec and setuid cleared it,
+// must take the child, and with it (PID 1 of the run's PID namespace)
+// runsc's sandbox and gofer.
+func TestRootlessParentDeath(t *testing.T) {
+	h := setupHost(t)
+	u := h.user
+	for _, layout := range []string{"root-is-user", "keep"} {
+		t.Run(layout, func(t *testing.T) {
+			state, ws := mkdirOwned(t, h.base, layout+"-state", u), mkdirOwned(t, h.base, layout+"-ws", u)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := h.command(ctx, "rootless", state, ws, layout == "keep")
+			cmd.Env = append(cmd.Env, probeEnv+"=sleep 100")
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			// The guest runs once runsc's sandbox (runsc-sandbox boot) does.
+			deadline := time.Now().Add(30 * time.Second)
+			for len(h.procs("boot")) == 0 {
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					cmd.Wait()
+					t.Fatalf("runsc's sandbox did not start within 30 s; parent's stderr:\n%s", stderr.String())
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+			t.Logf("running: %v", h.procs(""))
+			cmd.Process.Kill()
+			cmd.Wait()
+			deadline = time.Now().Add(10 * time.Second)
+			for {
+				left := h.procs("")
+				if len(left) == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					for _, p := range left {
+						syscall.Kill(p.pid, syscall.SIGKILL)
+					}
+					t.Fatalf("10 s after the parent's SIGKILL these are still running: %v", left)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		})
+	}
+}
+
+type proc struct {
+	pid  int
+	uid  uint32
+	args string
+}
+
+func (p proc) String() string { return fmt.Sprintf("%d(uid %d: %.60s)", p.pid, p.uid, p.args) }
+
+// procs are the processes running as the test user or one of its
+// subordinate uids whose command line contains word ("": all).
+func (h *host) procs(word string) []proc {
+	dirs, _ := os.ReadDir("/proc")
+	var out []proc
+	for _, d := range dirs {
+		pid, err := strconv.Atoi(d.Name())
+		if err != nil {
+			continue
+		}
+		var st syscall.Stat_t
+		if syscall.Stat("/proc/"+d.Name(), &st) != nil {
+			continue
+		}
+		b, _ := os.ReadFile("/proc/" + d.Name() + "/status")
+		uid := uint32(^uint32(0))
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 1 && f[0] == "Uid:" {
+				n, _ := strconv.ParseUint(f[1], 10, 32)
+				uid = uint32(n)
+			}
+		}
+		sub := h.user.subUID
+		if uid != h.user.uid && (uid < sub.Start || uid-sub.Start >= sub.Count) {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + d.Name() + "/cmdline")
+		args := strings.ReplaceAll(string(cmdline), "\x00", " ")
+		if word == "" || strings.Contains(args, word) {
+			out = append(out, proc{pid, uid, args})
+		}
+	}
+	return out
+}
+
 // TestRootlessCheck runs userns.Check as the test user on the host set up
 // as the recipe needs: every prerequisite must be met. (Each one's
 // failure message is in internal/userns' unit tests and doc.)
@@ -249,6 +343,23 @@ func (h *host) run(t *testing.T, mode, state, ws string, keepIDs bool) (report, 
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	cmd := h.command(ctx, mode, state, ws, keepIDs)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	if err != nil {
+		logs := runscLogs(state)
+		t.Fatalf("%s run: %v\nstderr:\n%s%s", mode, err, stderr.String(), logs)
+	}
+	var rep report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("%s run: parsing its report %q: %v\nstderr:\n%s", mode, stdout.String(), err, stderr.String())
+	}
+	return rep, stderr.String()
+}
+
+// command is the parent role's command for a run.
+func (h *host) command(ctx context.Context, mode, state, ws string, keepIDs bool) *exec.Cmd {
 	cmd := exec.CommandContext(ctx, h.self, "-test.run=^$")
 	cmd.Env = []string{
 		"PATH=/usr/sbin:/usr/bin:/sbin:/bin",
@@ -274,19 +385,8 @@ func (h *host) run(t *testing.T, mode, state, ws string, keepIDs bool) (report, 
 		// that user, not as root with a different uid.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: h.user.uid, Gid: h.user.gid, Groups: []uint32{}}}
 	}
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
-	err := cmd.Run()
-	if err != nil {
-		logs := runscLogs(state)
-		t.Fatalf("%s run: %v\nstderr:\n%s%s", mode, err, stderr.String(), logs)
-	}
-	var rep report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("%s run: parsing its report %q: %v\nstderr:\n%s", mode, stdout.String(), err, stderr.String())
-	}
-	return rep, stderr.String()
+	return cmd
 }
 
 // runscLogs are runsc's debug logs of a failed run (ROOTLESS_DEBUG=1).
