@@ -16,7 +16,7 @@ func setLimits(c Config) error {
 	// syscall.Setrlimit, not unix's: for NOFILE it also updates the limit
 	// the runtime remembers for child processes.
 	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &syscall.Rlimit{Cur: c.NoFile, Max: c.NoFile}); err != nil {
-		return fmt.Errorf("setting RLIMIT_NOFILE to %d: %w", c.NoFile, err)
+		return fmt.Errorf("setting RLIMIT_NOFILE to %d (above the current hard limit needs CAP_SYS_RESOURCE): %w", c.NoFile, err)
 	}
 	// No core file: it would hold whatever secrets the process had in
 	// memory, written wherever the host's core_pattern says.
