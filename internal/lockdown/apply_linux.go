@@ -27,6 +27,12 @@ func Apply(c Config) error {
 	if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_GETPID, 0, 0, 0); errno == unix.ENOTSUP {
 		return fmt.Errorf("%w in a binary built with cgo: build it with CGO_ENABLED=0", ErrUnsupported)
 	}
+	// Everything below assumes a mount namespace of its own: in the
+	// daemon's, pivot_root would swap the root of every process on the
+	// host that shares it.
+	if err := refuseSharedMountNS(); err != nil {
+		return err
+	}
 	if err := refuseDirFDs(); err != nil {
 		return err
 	}
@@ -51,6 +57,23 @@ func Apply(c Config) error {
 	}
 	if err := installFilter(filter); err != nil {
 		return fmt.Errorf("lockdown: %w", err)
+	}
+	return nil
+}
+
+// refuseSharedMountNS fails if the process is in its parent's mount
+// namespace, that is, was not started with CLONE_NEWNS.
+func refuseSharedMountNS() error {
+	var self, parent unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/mnt", &self); err != nil {
+		return fmt.Errorf("lockdown: reading its mount namespace: %w", err)
+	}
+	ppid := os.Getppid()
+	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", ppid), &parent); err != nil {
+		return fmt.Errorf("lockdown: reading the mount namespace of parent %d: %w", ppid, err)
+	}
+	if self.Dev == parent.Dev && self.Ino == parent.Ino {
+		return fmt.Errorf("%w: the process shares its parent's mount namespace; start it with SysProcAttr.Cloneflags = CLONE_NEWNS", ErrConfig)
 	}
 	return nil
 }

@@ -364,6 +364,21 @@ func TestJail(t *testing.T) {
 			t.Fatalf("Apply with a directory fd open: got %q, want a refusal naming it", rep.ApplyErr)
 		}
 	})
+	t.Run("refuses its parent's mount namespace", func(t *testing.T) {
+		// The helper's parent is a shell in a namespace unshare(1) made:
+		// were the refusal broken, only that namespace would be pivoted,
+		// not the host's.
+		unshare, err := exec.LookPath("unshare")
+		if err != nil {
+			t.Skip("needs unshare(1) from util-linux to give the helper a parent in its namespace")
+		}
+		uid := throwawayBase + os.Getpid()%65536
+		_, rep := startHelper(t, bin, helperSpec{Config: lockdown.Config{UID: uid, GID: uid, NoFile: 64}},
+			unshare, "--mount", "--propagation", "private", "--fork", "sh", "-c", `"$@"; exit $?`, "sh")
+		if !strings.Contains(rep.ApplyErr, "mount namespace") {
+			t.Fatalf("Apply in its parent's mount namespace: got %q, want a refusal", rep.ApplyErr)
+		}
+	})
 }
 
 // testJail runs the helper binary jailed and checks it from outside.
@@ -512,11 +527,12 @@ func testJail(t *testing.T, bin string, noMountSetattr bool) {
 
 // startHelper starts the helper in a mount namespace of its own and reads
 // its report; the child serves until the test ends.
-func startHelper(t *testing.T, bin string, spec helperSpec) (*exec.Cmd, helperReport) {
+func startHelper(t *testing.T, bin string, spec helperSpec, wrap ...string) (*exec.Cmd, helperReport) {
 	t.Helper()
 	raw, _ := json.Marshal(spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	cmd := exec.CommandContext(ctx, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
+	argv := append(wrap, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	cmd.Stderr = os.Stderr

@@ -86,7 +86,8 @@ type Config struct {
 // table the filter knows, in a binary built without cgo.
 var ErrUnsupported = errors.New("lockdown is not supported")
 
-// ErrConfig marks a Config that Apply refuses before changing anything.
+// ErrConfig marks a Config, or a process not set up for the jail, that
+// Apply refuses before changing anything.
 var ErrConfig = errors.New("invalid lockdown config")
 
 // validate checks c and returns its binds sorted so that a directory is
