@@ -7,6 +7,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"syscall"
 	"unsafe"
 
@@ -68,7 +69,12 @@ func refuseSharedMountNS() error {
 	if err := unix.Stat("/proc/self/ns/mnt", &self); err != nil {
 		return fmt.Errorf("lockdown: reading its mount namespace: %w", err)
 	}
-	ppid := os.Getppid()
+	// The parent's pid as /proc numbers it: os.Getppid is 0 in a pid
+	// namespace of its own.
+	ppid, err := procPPid()
+	if err != nil {
+		return fmt.Errorf("lockdown: finding its parent: %w", err)
+	}
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", ppid), &parent); err != nil {
 		return fmt.Errorf("lockdown: reading the mount namespace of parent %d: %w", ppid, err)
 	}
@@ -76,6 +82,20 @@ func refuseSharedMountNS() error {
 		return fmt.Errorf("%w: the process shares its parent's mount namespace; start it with SysProcAttr.Cloneflags = CLONE_NEWNS", ErrConfig)
 	}
 	return nil
+}
+
+// procPPid reads the parent's pid from /proc/self/status.
+func procPPid() (int, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "PPid:"); ok {
+			return strconv.Atoi(strings.TrimSpace(v))
+		}
+	}
+	return 0, fmt.Errorf("no PPid in /proc/self/status")
 }
 
 // refuseDirFDs fails if the process holds an open directory: openat(fd,
