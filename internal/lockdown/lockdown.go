@@ -30,8 +30,12 @@
 // (SysProcAttr.Cloneflags = CLONE_NEWNS), built without cgo: Apply changes
 // per-thread state (capabilities, no_new_privs, seccomp) on every thread with
 // the Go runtime's AllThreadsSyscall, which cgo binaries do not support.
-// Apply does not return the process to a usable state when it fails; the
-// caller must exit (fail closed).
+// Apply refuses, before changing anything, a cgo binary or an unsupported
+// platform ([ErrUnsupported]), and a bad Config, a process in its parent's
+// mount namespace, or one holding an open directory, whose fd would lead
+// out of the new root ([ErrConfig]). Any other error leaves the process
+// partly jailed: the caller must exit (fail closed). [Supported] answers
+// the first question without changing anything, for moat doctor.
 //
 // After Apply the process cannot load files that Go's standard library reads
 // lazily unless they are bound: the system's root certificates
@@ -88,7 +92,7 @@ var ErrUnsupported = errors.New("lockdown is not supported")
 
 // ErrConfig marks a Config, or a process not set up for the jail, that
 // Apply refuses before changing anything.
-var ErrConfig = errors.New("invalid lockdown config")
+var ErrConfig = errors.New("cannot jail this process as configured")
 
 // validate checks c and returns its binds sorted so that a directory is
 // mounted before anything bound inside it.
