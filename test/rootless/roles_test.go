@@ -109,8 +109,12 @@ func parentMain() error {
 	cmd.Env = append(os.Environ(), roleEnv+"=child")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	cmd.ExtraFiles = []*os.File{theirs} // fd 3: runtime.ShimFD
+	// As daemon.startShim sets them: userns.Start adds CLONE_NEWUSER to
+	// the clone, so the PID namespace and the two unshared ones belong to
+	// the new user namespace.
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Cloneflags: syscall.CLONE_NEWPID | syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
+		Cloneflags:   syscall.CLONE_NEWPID,
+		Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
 		Pdeathsig:  syscall.SIGKILL,
 	}
 	if rootless {
