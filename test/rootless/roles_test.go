@@ -115,7 +115,7 @@ func parentMain() error {
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Cloneflags:   syscall.CLONE_NEWPID,
 		Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
-		Pdeathsig:  syscall.SIGKILL,
+		Pdeathsig:    syscall.SIGKILL,
 	}
 	if rootless {
 		layout := userns.RootIsUser
