@@ -24,6 +24,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -94,10 +95,15 @@ func runHelper(spec helperSpec) int {
 	var rep helperReport
 	// Threads that exist before Apply must be jailed too.
 	park := make(chan struct{})
-	for range spec.PreThreads {
-		go func() { runtime.LockOSThread(); <-park }()
+	var locked sync.WaitGroup
+	pin := func(n int) {
+		for range n {
+			locked.Add(1)
+			go func() { runtime.LockOSThread(); locked.Done(); <-park }()
+		}
+		locked.Wait()
 	}
-	time.Sleep(50 * time.Millisecond)
+	pin(spec.PreThreads)
 	// The TAP stand-in, made before Apply as the parent will hand the
 	// real TAP fd over: socketpair is refused after.
 	tap, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -122,9 +128,7 @@ func runHelper(spec helperSpec) int {
 		return 1
 	}
 	// And so must threads made after: these pin new OS threads.
-	for range 4 {
-		go func() { runtime.LockOSThread(); <-park }()
-	}
+	pin(4)
 	if ents, err := os.ReadDir("/"); err == nil {
 		for _, e := range ents {
 			rep.Root = append(rep.Root, e.Name())
