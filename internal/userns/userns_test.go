@@ -111,3 +111,59 @@ func FuzzParseSubIDs(f *testing.F) {
 		}
 	})
 }
+
+// FuzzMaps checks what the kernel will check: no two lines overlap inside
+// or outside, the inside ids are 0..N without a gap, and the user's id is
+// where the layout puts it.
+func FuzzMaps(f *testing.F) {
+	f.Add(uint32(1001), uint32(100000), uint32(65536), uint32(300000), uint32(10), true)
+	f.Add(uint32(0), uint32(1), uint32(70000), uint32(0), uint32(0), false)
+	f.Fuzz(func(t *testing.T, id, s1, c1, s2, c2 uint32, keep bool) {
+		sub := []Range{{s1, c1}}
+		if c2 > 0 {
+			sub = append(sub, Range{s2, c2})
+		}
+		for _, r := range sub {
+			if r.Count == 0 || uint64(r.Start)+uint64(r.Count) > 1<<32 {
+				return // ParseSubIDs refuses these
+			}
+		}
+		if c2 > 0 && uint64(s1) < uint64(s2)+uint64(c2) && uint64(s2) < uint64(s1)+uint64(c1) {
+			return // overlapping ranges in the file: newuidmap's to refuse
+		}
+		layout := RootIsUser
+		if keep {
+			layout = KeepIDs
+		}
+		maps, err := Maps(layout, id, sub, "f", "u")
+		if err != nil {
+			return
+		}
+		next := uint64(0)
+		var userAt int64 = -1
+		for i, m := range maps {
+			if uint64(m.Inside) != next {
+				t.Fatalf("line %d starts at %d, want %d: %v", i, m.Inside, next, maps)
+			}
+			next += uint64(m.Count)
+			if m.Outside == id && m.Count == 1 {
+				userAt = int64(m.Inside)
+			}
+			for j, o := range maps[:i] {
+				if uint64(m.Outside) < uint64(o.Outside)+uint64(o.Count) && uint64(o.Outside) < uint64(m.Outside)+uint64(m.Count) {
+					t.Fatalf("lines %d and %d overlap outside: %v", j, i, maps)
+				}
+			}
+		}
+		want := int64(0)
+		if keep {
+			want = int64(id)
+		}
+		if userAt != want {
+			t.Fatalf("the user's id %d is inside at %d, want %d: %v", id, userAt, want, maps)
+		}
+		if next < MinSubIDs+1 {
+			t.Fatalf("maps cover %d ids, fewer than %d: %v", next, MinSubIDs+1, maps)
+		}
+	})
+}
