@@ -21,11 +21,11 @@ type Prereq struct {
 	Fix    string // the exact command that fixes it, when not OK
 }
 
-// Check tests each prerequisite of Start and of what the child does in
-// the namespace (tap0, overlays) for the current user. It changes
-// nothing; the two live probes run short children in user namespaces of
-// their own.
-func Check() []Prereq {
+// Check tests each prerequisite of Start with layout and of what the
+// child does in the namespace (tap0, overlays) for the current user. It
+// changes nothing; the two live probes run short children in user
+// namespaces of their own.
+func Check(layout Layout) []Prereq {
 	var out []Prereq
 	out = append(out, checkUserns())
 	u, err := user.Current()
@@ -35,12 +35,11 @@ func Check() []Prereq {
 	}
 	for _, f := range []string{SubUIDFile, SubGIDFile} {
 		p := Prereq{Name: f}
-		id := u.Uid
+		uid, id := uint32(os.Getuid()), uint32(os.Getuid())
 		if f == SubGIDFile {
-			id = u.Gid
+			id = uint32(os.Getgid())
 		}
-		uid, gid := parseID(u.Uid), parseID(id)
-		if _, err := mapFromFile(RootIsUser, gid, f, u.Username, uid); err != nil {
+		if _, err := mapFromFile(layout, id, f, u.Username, uid); err != nil {
 			p.Detail, p.Fix = err.Error(), fixSubIDs(u.Username)
 		} else {
 			p.OK, p.Detail = true, "a range for "+u.Username
@@ -58,12 +57,6 @@ func Check() []Prereq {
 	}
 	out = append(out, checkTun(), checkOverlay())
 	return out
-}
-
-func parseID(s string) uint32 {
-	var n uint32
-	fmt.Sscan(s, &n)
-	return n
 }
 
 // checkUserns reads the sysctls that forbid user namespaces, then makes

@@ -33,7 +33,11 @@ func Current(layout Layout) (*Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("looking up the current user: %w", err)
 	}
-	return ConfigFor(u, layout, SubUIDFile, SubGIDFile)
+	// The gid this process runs with (after newgrp, not always the
+	// passwd entry's): newgidmap lets it map only its own.
+	cu := *u
+	cu.Gid = strconv.Itoa(os.Getgid())
+	return ConfigFor(&cu, layout, SubUIDFile, SubGIDFile)
 }
 
 // ConfigFor is the Config for u with the given subordinate id files.

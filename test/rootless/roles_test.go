@@ -73,7 +73,7 @@ func roleMain(role string) int {
 	case "child":
 		err = childMain()
 	case "check":
-		err = json.NewEncoder(os.Stdout).Encode(userns.Check())
+		err = json.NewEncoder(os.Stdout).Encode(userns.Check(userns.KeepIDs))
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
