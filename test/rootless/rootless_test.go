@@ -55,18 +55,22 @@ func TestRootlessSandbox(t *testing.T) {
 	u := h.user
 	const absent = ^uint32(0)
 	tests := []struct {
-		layout    string // "" for userns.RootIsUser, "keep" for KeepIDs
-		rootFile  uint32 // host owner of the file the guest's root writes
-		guestFile uint32 // ... and of the one guest uid u.uid writes
+		layout     string // "" for userns.RootIsUser, "keep" for KeepIDs
+		rootFile   uint32 // host owner of the file the guest's root writes
+		guestFile  uint32 // ... and of the one guest uid u.uid writes
+		stateOwner uint32 // of what the child and runsc make in the state dir
 	}{
 		// The namespace's root is the user: the guest's root writes the
 		// user's files. The workspace, the user's, is root's in the
 		// guest, so guest uid u.uid (moat's agent today) cannot write it.
-		{"", u.uid, absent},
+		{"", u.uid, absent, u.uid},
 		// The user keeps its uid: guest uid u.uid owns the workspace and
 		// writes the user's files; the guest's root writes files of the
 		// first subordinate uid.
-		{"keep", u.subUID.Start, u.uid},
+		// What the shim and runsc make in the state dir (runsc's root,
+		// the bundle, the overlays' dirs) is the first subordinate uid's:
+		// the daemon, as the user, cannot remove it.
+		{"keep", u.subUID.Start, u.uid, u.subUID.Start},
 	}
 	for _, tt := range tests {
 		name := cmp.Or(tt.layout, "root-is-user")
@@ -86,6 +90,11 @@ func TestRootlessSandbox(t *testing.T) {
 			}{{"as-root", tt.rootFile}, {"as-guest-user", tt.guestFile}} {
 				if got := owner(t, filepath.Join(ws, f.file)); got != f.want {
 					t.Errorf("%s: host owner %s, want %s (guest stderr: %s)", f.file, ownerString(got), ownerString(f.want), stderr)
+				}
+			}
+			for _, d := range []string{"runsc", "bundle", "root", "upper", "work", "merged"} {
+				if got := owner(t, filepath.Join(state, d)); got != tt.stateOwner {
+					t.Errorf("state dir's %s: host owner %s, want %s", d, ownerString(got), ownerString(tt.stateOwner))
 				}
 			}
 		})
