@@ -421,10 +421,20 @@ func ensureUidmap(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "apt-get", "install", "-y", "-q", "uidmap")
-	cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("installing uidmap (apt-get install uidmap; run apt-get update first if the package is unknown): %v\n%s", err, out)
+	apt := func(args ...string) ([]byte, error) {
+		cmd := exec.CommandContext(ctx, "apt-get", args...)
+		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
+		return cmd.CombinedOutput()
+	}
+	if _, err := apt("install", "-y", "-q", "uidmap"); err == nil {
+		return
+	}
+	// A fresh machine may not have the package lists yet.
+	if out, err := apt("update", "-q"); err != nil {
+		t.Fatalf("apt-get update (to install uidmap): %v\n%s", err, out)
+	}
+	if out, err := apt("install", "-y", "-q", "uidmap"); err != nil {
+		t.Fatalf("installing uidmap (apt-get install uidmap): %v\n%s", err, out)
 	}
 }
 
