@@ -165,8 +165,11 @@ func (c *Config) Start(cmd *exec.Cmd) error {
 	err = cmd.Start()
 	theirs.Close()
 	if err != nil {
-		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EACCES) {
-			return fmt.Errorf("%w: creating a user namespace: %v; %s", ErrDisabled, err, fixDisabled)
+		// What clone(CLONE_NEWUSER) returns when the host forbids it:
+		// EPERM (a sysctl, an LSM, seccomp), ENOSPC (max_user_namespaces),
+		// EUSERS (nesting). An exec that fails says EACCES or ENOENT.
+		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EUSERS) {
+			return fmt.Errorf("%w: starting %s in a user namespace: %v; %s", ErrDisabled, cmd.Path, err, fixDisabled)
 		}
 		return fmt.Errorf("starting %s in a user namespace: %w", cmd.Path, err)
 	}

@@ -25,9 +25,10 @@
 //	                                    sets its parent-death signal
 //	returns ◀─────────────────────────── "armed" on the socket: goes on
 //
-// The mount and network namespaces are created by the same clone, after
-// the user namespace, so they belong to it: the child can mount overlays
-// and create tap0 in them. A child whose parent dies before the maps are
+// The caller's other namespaces (PID, mount, network) are created by the
+// same clone or unshared right after it, after the user namespace, so
+// they belong to it: the child can mount /proc and overlays and create
+// tap0 in them. A child whose parent dies before the maps are
 // written reads EOF and exits: it never runs unmapped; one that dies
 // before the child's parent-death signal is set makes its write fail,
 // and one that dies after takes the child with it.
