@@ -53,7 +53,7 @@ func Apply(c Config) error {
 	if err := setLimits(c); err != nil {
 		return fmt.Errorf("lockdown: %w", err)
 	}
-	if err := dropPrivileges(c.UID, c.GID); err != nil {
+	if err := dropPrivileges(c.UID, c.GID, c.ParentDeathSignal); err != nil {
 		return fmt.Errorf("lockdown: %w", err)
 	}
 	if err := installFilter(filter); err != nil {

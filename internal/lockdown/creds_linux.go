@@ -4,6 +4,7 @@ package lockdown
 
 import (
 	"fmt"
+	"os"
 	"syscall"
 	"unsafe"
 
@@ -39,7 +40,8 @@ const maxCaps = 64
 // at all. Capability sets and no_new_privs are per thread, so each change is
 // made on every thread of the Go runtime (AllThreadsSyscall); the set*id
 // calls of package syscall already do that.
-func dropPrivileges(uid, gid int) error {
+func dropPrivileges(uid, gid int, deathSig syscall.Signal) error {
+	ppid := os.Getppid()
 	// The bounding set first, while CAP_SETPCAP is still held: with it
 	// empty, nothing (a setuid file, a file capability) can give a
 	// capability back.
@@ -67,6 +69,17 @@ func dropPrivileges(uid, gid int) error {
 	// sets (SECBIT_KEEP_CAPS is not set); the inheritable set stays.
 	if err := syscall.Setresuid(uid, uid, uid); err != nil {
 		return fmt.Errorf("setting uid %d: %w", uid, err)
+	}
+	// The uid change cleared the parent-death signal. It is per thread,
+	// and any thread holding it brings the signal, so all get it back.
+	if deathSig != 0 {
+		if _, _, errno := syscall.AllThreadsSyscall(unix.SYS_PRCTL, unix.PR_SET_PDEATHSIG, uintptr(deathSig), 0); errno != 0 {
+			return fmt.Errorf("setting the parent-death signal again: %w", errno)
+		}
+		// A parent that died while it was cleared sent nothing.
+		if os.Getppid() != ppid {
+			return fmt.Errorf("the parent (pid %d) exited while the parent-death signal was cleared", ppid)
+		}
 	}
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData

@@ -12,6 +12,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -368,6 +369,58 @@ func TestJail(t *testing.T) {
 			t.Fatalf("Apply with a directory fd open: got %q, want a refusal naming it", rep.ApplyErr)
 		}
 	})
+	t.Run("keeps the parent-death signal", func(t *testing.T) {
+		uid := throwawayBase + os.Getpid()%65536
+		spec := helperSpec{Config: lockdown.Config{UID: uid, GID: uid, NoFile: 64, ParentDeathSignal: syscall.SIGKILL}}
+		// Pdeathsig watches the thread that started the child: start
+		// keeps its thread locked and ends it on release by returning
+		// locked. Go never ends the main thread, so a start that lands
+		// there holds it and hands over to another.
+		release := make(chan struct{})
+		launched := make(chan *helper, 1)
+		var start func()
+		start = func() {
+			runtime.LockOSThread()
+			if syscall.Gettid() == os.Getpid() {
+				go start()
+				<-release
+				runtime.UnlockOSThread()
+				return
+			}
+			h, err := launch(bin, spec, syscall.SIGKILL)
+			if err != nil {
+				t.Error(err)
+			}
+			launched <- h
+			<-release
+		}
+		go start()
+		h := <-launched
+		if h == nil {
+			close(release)
+			return
+		}
+		defer h.cancel()
+		defer h.stdin.Close()
+		if err := h.readReport(); err != nil || h.rep.ApplyErr != "" {
+			close(release)
+			t.Fatalf("report %v, Apply %q", err, h.rep.ApplyErr)
+		}
+		close(release)
+		exited := make(chan error, 1)
+		go func() { exited <- h.cmd.Wait() }()
+		select {
+		case err := <-exited:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+				t.Fatalf("jailed child ended with %v, want killed by its parent-death signal", err)
+			}
+		case <-time.After(10 * time.Second):
+			h.stdin.Close()
+			<-exited
+			t.Fatal("jailed child outlived the thread that started it: its parent-death signal was lost")
+		}
+	})
 	t.Run("refuses its parent's mount namespace", func(t *testing.T) {
 		// The helper's parent is a shell in a namespace unshare(1) made:
 		// were the refusal broken, only that namespace would be pivoted,
@@ -533,35 +586,62 @@ func testJail(t *testing.T, bin string, noMountSetattr bool) {
 // its report; the child serves until the test ends.
 func startHelper(t *testing.T, bin string, spec helperSpec, wrap ...string) (*exec.Cmd, helperReport) {
 	t.Helper()
+	h, err := launch(bin, spec, 0, wrap...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		h.stdin.Close()
+		if err := h.cmd.Wait(); err != nil && h.rep.ApplyErr == "" {
+			t.Errorf("child: %v", err)
+		}
+		h.cancel()
+	})
+	if err := h.readReport(); err != nil {
+		t.Fatal(err)
+	}
+	return h.cmd, h.rep
+}
+
+// helper is a started helper process.
+type helper struct {
+	cmd    *exec.Cmd
+	stdin  io.Closer
+	stdout *bufio.Reader
+	cancel context.CancelFunc
+	rep    helperReport
+}
+
+// launch starts the helper, under the wrap command if any, with a
+// parent-death signal if pdeath is non-zero. It does not touch a
+// testing.T, so a goroutine may call it.
+func launch(bin string, spec helperSpec, pdeath syscall.Signal, wrap ...string) (*helper, error) {
 	raw, _ := json.Marshal(spec)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	argv := append(wrap, bin, "-test.run=^TestHelperProcess$", "-test.v=false")
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), helperEnv+"="+string(raw))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS, Pdeathsig: pdeath}
 	cmd.Stderr = os.Stderr
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	if err := cmd.Start(); err != nil {
 		cancel()
-		t.Fatal(err)
+		return nil, err
 	}
-	var rep helperReport
-	t.Cleanup(func() {
-		stdin.Close()
-		if err := cmd.Wait(); err != nil && rep.ApplyErr == "" {
-			t.Errorf("child: %v", err)
-		}
-		cancel()
-	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
+	return &helper{cmd: cmd, stdin: stdin, stdout: bufio.NewReader(stdout), cancel: cancel}, nil
+}
+
+// readReport reads the helper's one-line report.
+func (h *helper) readReport() error {
+	line, err := h.stdout.ReadString('\n')
 	if err != nil {
-		t.Fatalf("reading the child's report: %v (did an exec replace it?)", err)
+		return fmt.Errorf("reading the child's report: %v (did an exec replace it?)", err)
 	}
-	if err := json.Unmarshal([]byte(line), &rep); err != nil {
-		t.Fatalf("child report %q: %v", line, err)
+	if err := json.Unmarshal([]byte(line), &h.rep); err != nil {
+		return fmt.Errorf("child report %q: %v", line, err)
 	}
-	return cmd, rep
+	return nil
 }
 
 // checkBindFlags reads the child's mounts: each bind nosuid, nodev,

@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sort"
+	"syscall"
 )
 
 // Bind is a path of the host that stays visible in the jail, at the same
@@ -74,6 +75,12 @@ type Config struct {
 	// socket per guest connection and this bounds what a guest can make
 	// it hold.
 	NoFile uint64
+
+	// ParentDeathSignal, if non-zero, is set again as the process's
+	// parent-death signal (PR_SET_PDEATHSIG) once it runs as UID: the
+	// kernel clears it when the uid changes, so a SysProcAttr.Pdeathsig
+	// given at start would otherwise be lost. Pass the same signal.
+	ParentDeathSignal syscall.Signal
 
 	// NProc, if non-zero, is RLIMIT_NPROC, soft and hard. Zero leaves it
 	// as inherited. The limit counts every thread of every process of
