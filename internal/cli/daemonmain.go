@@ -46,7 +46,8 @@ func upstreamDNS(v string) ([]netip.AddrPort, error) {
 	return out, nil
 }
 
-// daemonMain is the `__daemon DIR` role, started detached by `moat up`.
+// daemonMain is the `__daemon DIR` role, started detached by `moat up`:
+// the daemon's privileged process, the keeper (see daemon/keeper.go).
 func daemonMain(dir string) int {
 	// The log, and the hooks' output, rotate within a bound (a guest
 	// controls how much they write); stdout and stderr follow each new
@@ -72,24 +73,60 @@ func daemonMain(dir string) int {
 	if err != nil {
 		return fail(err)
 	}
-	e, err := newEnv()
+	opts, err := daemonOptions(dir, log, logOut)
 	if err != nil {
 		return fail(err)
+	}
+	opts.SecretEnv = secretEnv
+	if ready != nil {
+		opts.Ready = ready
+	}
+	if err := daemon.Run(opts); err != nil {
+		log.Error("daemon stopped", "err", err)
+		return ExitError
+	}
+	return ExitOK
+}
+
+// gateMain is the `__gate DIR` role: the daemon's jailed process, which
+// reads everything the guest sends (see daemon/gateproc.go). Its log is
+// its stderr, which the keeper copies into daemon.log.
+func gateMain(dir string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "daemon", "sandbox", filepath.Base(dir))
+	opts, err := daemonOptions(dir, log, os.Stderr)
+	if err != nil {
+		log.Error("cannot start", "err", err)
+		return ExitError
+	}
+	if err := daemon.RunGate(opts); err != nil {
+		log.Error("gate process stopped", "err", err)
+		return ExitError
+	}
+	return ExitOK
+}
+
+// daemonOptions are the daemon's options, from the sandbox's record and
+// the host: the same for both of its processes.
+func daemonOptions(dir string, log *slog.Logger, logOut io.Writer) (daemon.Options, error) {
+	var none daemon.Options
+	e, err := newEnv()
+	if err != nil {
+		return none, err
 	}
 	rec, err := state.Load(dir)
 	if err != nil {
-		return fail(err)
+		return none, err
 	}
 	cfg, err := rec.Snapshot()
 	if err != nil {
-		return fail(err)
+		return none, err
 	}
 	if err := keys.Ensure(dir); err != nil {
-		return fail(err)
+		return none, err
 	}
 	client, err := keys.Client(dir)
 	if err != nil {
-		return fail(err)
+		return none, err
 	}
 	plan := &runtime.Plan{
 		ID: "moat-" + rec.Name, StateDir: dir, Runsc: e.runsc, Moat: e.exe,
@@ -99,12 +136,12 @@ func daemonMain(dir string) int {
 		DiskTemplates: filepath.Join(e.dirs.Cache, "disk"),
 	}
 	if plan.Platform, err = runtime.ChoosePlatform(cfg.Sandbox.Platform, runtime.HostKVM()); err != nil {
-		return fail(fmt.Errorf("sandbox.platform: %w", err))
+		return none, (fmt.Errorf("sandbox.platform: %w", err))
 	}
 	// The workspace is a share like the others, read-write.
 	ws := config.Share{Path: rec.Workspace, Source: workspaceSource}
 	if err := checkShares(append([]config.Share{ws}, cfg.Shares...), e.dirs.State); err != nil {
-		return fail(err)
+		return none, err
 	}
 	for _, s := range cfg.Shares {
 		plan.Shares = append(plan.Shares, runtime.Share{Source: s.Path, Target: s.Target, RW: s.RW})
@@ -113,11 +150,11 @@ func daemonMain(dir string) int {
 	if rec.Image != "host" {
 		store, err := e.images()
 		if err != nil {
-			return fail(err)
+			return none, err
 		}
 		img, err := store.Resolve(rec.Image)
 		if err != nil {
-			return fail(err)
+			return none, err
 		}
 		plan.Layers = img.Layers
 		imageEnv = img.Config.Env
@@ -142,10 +179,10 @@ func daemonMain(dir string) int {
 	}
 	upstream, err := upstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
 	if err != nil {
-		return fail(err)
+		return none, err
 	}
 	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, LogOut: logOut, ImageRef: rec.Image,
-		Secrets: cfg.Secrets, SecretEnv: secretEnv, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
+		Secrets: cfg.Secrets, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
 		IdleTimeout: idleTimeout(cfg.Sandbox), SSHAgentKeys: cfg.SSHAgent.Keys, SSHAgentConfirm: cfg.SSHAgent.Confirm,
 		Limits: limitsPtr(resources.FromConfig(cfg.Sandbox)),
 		Network: daemon.NetworkOptions{
@@ -155,14 +192,7 @@ func daemonMain(dir string) int {
 			DiscoverRoots: append([]string{"/"}, plan.Layers...), DiscoverHost: true,
 			Audit: cfg.Audit,
 		}}
-	if ready != nil {
-		opts.Ready = ready
-	}
-	if err := daemon.Run(opts); err != nil {
-		log.Error("daemon stopped", "err", err)
-		return ExitError
-	}
-	return ExitOK
+	return opts, nil
 }
 
 // guestUser is the agent user's name and home in the guest: "agent", or

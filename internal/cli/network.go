@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -230,7 +229,7 @@ func (e *env) denials(dir string) (*control.Denials, error) {
 		}
 	}
 	l := audit.NewLedger(1024)
-	err := audit.Read(filepath.Join(dir, "audit.jsonl"), func(r audit.Record) bool {
+	err := audit.Read(state.AuditPath(dir), func(r audit.Record) bool {
 		if r.Verdict == audit.Deny && r.Proto != "dns" {
 			l.Add(r)
 		}
@@ -283,7 +282,7 @@ retention).`,
 				}
 				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
 			}
-			path := filepath.Join(dir, "audit.jsonl")
+			path := state.AuditPath(dir)
 			if !follow {
 				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
 				if errors.Is(err, fs.ErrNotExist) {

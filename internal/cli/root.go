@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
@@ -89,6 +90,11 @@ func Main(args []string) int {
 				return ExitUsage
 			}
 			return daemonMain(args[2])
+		case daemon.GateRole:
+			if len(args) < 3 {
+				return ExitUsage
+			}
+			return gateMain(args[2])
 		}
 	}
 	root := newRoot()

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/policy"
+	"moat.dev/moat/internal/state"
 )
 
 // Learning to a file: `moat network suggest` turns the denials (or, in
@@ -50,7 +50,7 @@ safety (loopback, private ranges, the host's own addresses).
 			if since > 0 {
 				from = time.Now().Add(-since)
 			}
-			err = audit.Read(filepath.Join(dir, "audit.jsonl"), func(r audit.Record) bool {
+			err = audit.Read(state.AuditPath(dir), func(r audit.Record) bool {
 				if !r.Time.Before(from) {
 					recs = append(recs, r)
 				}

@@ -119,7 +119,7 @@ func (d *daemon) startCredentials(ctx context.Context) (*tlsca.CA, *credentials,
 	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
 	defer cancel()
 	lookup := d.lookupEnv(nil)
-	set, err := secret.ResolveWith(rctx, wanted(d.o.Secrets, rec.Presets, lookup), lookup, rec.Placeholders)
+	set, err := secret.ResolveRemote(rctx, wanted(d.o.Secrets, rec.Presets, lookup), lookup, rec.Placeholders, d.secretRemote())
 	if err != nil {
 		return nil, nil, fmt.Errorf("reading secrets on the host: %w", err)
 	}
@@ -303,7 +303,7 @@ func (d *daemon) addPreset(ctx context.Context, name string, env map[string]stri
 	rctx, cancel := context.WithTimeout(ctx, secretsTimeout)
 	defer cancel()
 	old := c.set()
-	set, err := secret.ResolveWith(rctx, wanted(c.cfg, presets, lookup), lookup, old.Placeholders())
+	set, err := secret.ResolveRemote(rctx, wanted(c.cfg, presets, lookup), lookup, old.Placeholders(), d.secretRemote())
 	if err != nil {
 		return nil, fmt.Errorf("reading secrets on the host: %w", err)
 	}

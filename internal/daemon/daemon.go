@@ -23,7 +23,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	goruntime "runtime"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -114,13 +113,29 @@ type daemon struct {
 
 	stopOnce   sync.Once
 	stopReason string
+	stopError  string // what failed, for a stop for state.StopError
 	stopCh     chan struct{}
-	booted     chan struct{} // closed once the guest agent answers
+	booted     chan struct{} // closed once the sandbox is set up and running
+
+	// The keeper's side of the gate process (keeper.go).
+	gate     *link // to the gate process
+	shim     *shimConn
+	guestGo  chan struct{} // closed once the gate process has started the guest
+	goOnce   sync.Once
+	agentUp  sync.Once // the OOM guard starts once the guest agent answers
+	bootOnce sync.Once
+
+	// The gate process's side (gateproc.go): its link to the keeper and
+	// its copy of the record, which only the keeper writes.
+	keeper *link
+	recMu  sync.Mutex
+	rec    *state.Record
+	copies []copySource // the [[files]] sources (hooks.go)
 }
 
 // Run is the daemon's main: it returns when the sandbox has stopped.
 func Run(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
 	defer startProfile()()
 	err := d.run()
 	if err != nil && o.Ready != nil {
@@ -151,7 +166,8 @@ func (d *daemon) run() error {
 		return err
 	}
 	defer removeGroup()
-	if err := d.prepare(); err != nil {
+	ids, err := d.prepare()
+	if err != nil {
 		d.setStopped(state.StopError, err)
 		return err
 	}
@@ -176,9 +192,9 @@ func (d *daemon) run() error {
 		return func() { phases = append(phases, name, time.Since(t).Milliseconds()) }
 	}
 	// The shim mounts the root filesystem and creates tap0 while the gate
-	// starts; it starts the guest only on the daemon's word, once the gate
-	// runs: a policy that does not compile stops the start before any
-	// guest exists.
+	// process starts; the shim starts the guest only on the gate
+	// process's word, once the gate runs: a policy that does not compile
+	// stops the start before any guest exists.
 	exited := make(chan error, 1)
 	shim, err := d.startShim(exited)
 	if err != nil {
@@ -186,6 +202,7 @@ func (d *daemon) run() error {
 		return err
 	}
 	defer shim.Close()
+	d.shim = shim
 	// stopShim ends a start that failed after the shim began.
 	stopShim := func(err error) error {
 		shim.Close() // the shim gives up on its own when it waits for the word
@@ -194,100 +211,76 @@ func (d *daemon) run() error {
 		d.setStopped(state.StopError, err)
 		return err
 	}
-	done := mark("network_ms")
-	nw, err := d.startNetwork(ctx)
-	if err != nil {
-		return stopShim(err)
-	}
-	done()
-	d.net = nw
-	defer nw.close()
-	done = mark("shim_ms")
+	done := mark("shim_ms")
 	tapFD, err := shim.tap()
 	if err != nil {
 		return stopShim(err)
 	}
-	if err := shim.startGuest(); err != nil {
-		unix.Close(tapFD)
+	done()
+	done = mark("gate_ms")
+	gp, err := d.startGate(ids, tapFD)
+	unix.Close(tapFD) // the gate process's now, and only its
+	if err != nil {
 		return stopShim(err)
 	}
-	done()
-	lim := d.gateLimits()
-	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx,
-		WindowBudget: lim.windowBytes, DNSQueries: lim.dns})
-	if err != nil {
+	defer gp.stop()
+	d.gate = gp.link
+	// stopGate ends a start that failed once the gate process runs.
+	stopGate := func(err error) error {
+		gp.link.Close()
 		d.kill()
+		<-exited
+		gp.stop()
 		d.setStopped(state.StopError, err)
 		return err
 	}
-	d.stack = st
-	proxy, err := d.newProxy()
-	if err != nil {
-		d.kill()
-		d.setStopped(state.StopError, err)
-		return err
-	}
-	d.proxy = proxy
-	defer proxy.Close()
-	d.annotateHolds()
-	defer d.startForwards(ctx)()
-
-	ln, srv, err := d.serveControl()
-	if err != nil {
-		d.kill()
-		d.setStopped(state.StopError, err)
-		return err
-	}
-	defer ln.Close()
-	defer srv.Close()
-
-	done = mark("agent_ms")
-	if err := d.waitAgent(exited); err != nil {
-		d.kill()
-		if !errors.Is(err, errGuestExited) { // else waitAgent took the exit already
-			<-exited
-		}
-		err = fmt.Errorf("%w (see %s)", err, filepath.Join(d.o.Dir, "daemon.log"))
-		d.setStopped(state.StopError, err)
-		return err
+	select {
+	case <-d.guestGo:
+	case err := <-gp.exited:
+		return stopShim(fmt.Errorf("the gate process exited before the guest started: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+	case s := <-sigs:
+		return stopGate(fmt.Errorf("stopped by %v while starting", s))
 	}
 	done()
-	// The guest is up and runsc has sized it: the OOM guard may raise
-	// the cgroup's hard limit above the ceiling (resources.go).
-	go d.guardOOM(ctx)
-	done = mark("hooks_ms")
-	if err := d.hooks(ctx, exited, sigs); err != nil {
-		return err
+	done = mark("boot_ms")
+	select {
+	case <-d.booted:
+	case err := <-exited:
+		gp.link.Close()
+		gp.stop()
+		d.setStopped(state.StopCrash, fmt.Errorf("guest exited while starting: %v (see %s)", err, filepath.Join(d.o.Dir, "daemon.log")))
+		return fmt.Errorf("guest exited while starting: %v", err)
+	case err := <-gp.exited:
+		return stopGate(fmt.Errorf("the gate process exited while starting: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+	case s := <-sigs:
+		return stopGate(fmt.Errorf("stopped by %v while starting", s))
+	case <-d.stopCh:
+		return d.stopNow(gp, exited)
 	}
 	done()
-	d.updateRecord(func(r *state.Record) error { r.State = state.StateRunning; return nil })
-	d.log.Info("sandbox running", append([]any{"boot_ms", time.Since(d.started).Milliseconds()}, phases...)...)
-	close(d.booted)
-	d.servingProcs()
-	go func() {
-		// What the start allocated (the policy's compile, the CA, the
-		// guest's first handshake, the host's tools' answers) is garbage
-		// by now; the runtime would keep the freed pages for a while.
-		// Handing them back at once is about 2 MiB of an idle
-		// sandbox's memory.
-		select {
-		case <-d.net.settled:
-			debug.FreeOSMemory()
-		case <-ctx.Done():
-		}
-	}()
-	go d.watchIdle(ctx)
-	go d.elastic(ctx)
+	d.log.Info("keeper: sandbox running", append([]any{"start_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	if d.o.Ready != nil {
-		fmt.Fprintln(d.o.Ready, "ok")
+		// The gate process says "ok" on its copy; the CLI sees the pipe
+		// end once both are closed.
 		d.o.Ready.Close()
+		d.o.Ready = nil
 	}
+	go d.elastic(ctx)
 
 	select {
 	case err := <-exited:
 		// The guest went away on its own: PID 1 exited, or runsc died.
 		d.log.Warn("guest exited unexpectedly", "err", err)
+		gp.link.Close()
+		gp.stop()
 		d.setStopped(state.StopCrash, fmt.Errorf("guest exited: %v", err))
+		return nil
+	case err := <-gp.exited:
+		// Fail closed: a guest without its gate has no network and no
+		// sessions; it goes too.
+		d.log.Error("the gate process exited; stopping the sandbox", "err", err)
+		d.stopGuest(exited)
+		d.setStopped(state.StopError, fmt.Errorf("the gate process exited: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
 		return nil
 	case sig := <-sigs:
 		d.log.Info("stopping on signal", "signal", sig)
@@ -297,36 +290,48 @@ func (d *daemon) run() error {
 		}
 	case <-d.stopCh:
 	}
-	d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
-	d.stopGuest(exited)
-	d.setStopped(d.stopReason, nil)
-	d.log.Info("sandbox stopped", "reason", d.stopReason)
+	d.stopNow(gp, exited)
 	return nil
 }
 
-// prepare writes the guest's files and clears what a crashed run left.
-func (d *daemon) prepare() error {
+// stopNow stops a started sandbox for d.stopReason: the guest first, then
+// the gate process, which ends when its link does, after flushing its
+// audit. It returns the failure a stop for an error is.
+func (d *daemon) stopNow(gp *gateProc, exited chan error) error {
+	d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
+	d.stopGuest(exited)
+	gp.link.Close()
+	gp.stop()
+	var cause error
+	if d.stopReason == state.StopError {
+		cause = errors.New(d.stopError)
+	}
+	d.setStopped(d.stopReason, cause)
+	d.log.Info("sandbox stopped", "reason", d.stopReason)
+	return cause
+}
+
+// prepare makes the guest's directory, clears what a crashed run left
+// and writes the shim's plan; the gate process writes the guest's files
+// into the directory (gateproc.go). It returns the ids the gate process
+// runs as.
+func (d *daemon) prepare() (gateIDs, error) {
 	guestDir := d.o.Plan.GuestDir
 	// 0755: the guest's agent user reads ca.pem (NODE_EXTRA_CA_CERTS)
 	// and guest.json through /.moat; the host key inside stays 0600, and
 	// on the host the sandbox's state dir (0700) keeps everyone else out.
 	if err := os.MkdirAll(guestDir, 0o755); err != nil {
-		return fmt.Errorf("creating guest dir: %w", err)
+		return gateIDs{}, fmt.Errorf("creating guest dir: %w", err)
 	}
 	if err := os.Chmod(guestDir, 0o755); err != nil {
-		return fmt.Errorf("creating guest dir: %w", err)
+		return gateIDs{}, fmt.Errorf("creating guest dir: %w", err)
 	}
-	ca, creds, err := d.startCredentials(context.Background())
+	ids, err := d.gateIDs()
 	if err != nil {
-		return err
+		return gateIDs{}, err
 	}
-	d.ca, d.creds = ca, creds
-	b, err := json.MarshalIndent(d.o.Guest, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := state.WriteAtomic(filepath.Join(guestDir, "guest.json"), b, 0o644); err != nil {
-		return err
+	if err := prepareAuditDir(d.o.Dir, ids); err != nil {
+		return gateIDs{}, err
 	}
 	// No runsc of ours can be alive (we hold the daemon lock and its
 	// namespaces died with the last daemon), so its state is stale.
@@ -334,9 +339,9 @@ func (d *daemon) prepare() error {
 	os.MkdirAll(runtime.RunscRoot(d.o.Dir), 0o700)
 	os.Remove(control.Socket(d.o.Dir))
 	if err := runtime.PrepareDisk(d.o.Plan, d.log); err != nil {
-		return err
+		return gateIDs{}, err
 	}
-	return runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
+	return ids, runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
 }
 
 // startShim starts the shim in new mount and network namespaces with a
@@ -449,18 +454,14 @@ func (s *shimConn) startGuest() error {
 
 func (s *shimConn) Close() error { return s.f.Close() }
 
-// errGuestExited is waitAgent's error when the guest exits during boot; it
-// has then received the exit from the shim's channel.
-var errGuestExited = errors.New("guest exited during boot")
-
 // waitAgent dials the guest's SSH port until the session proxy can
 // authenticate to the agent there.
-func (d *daemon) waitAgent(exited <-chan error) error {
+func (d *daemon) waitAgent() error {
 	deadline := time.Now().Add(bootTimeout)
 	for attempt := 0; time.Now().Before(deadline); attempt++ {
 		select {
-		case err := <-exited:
-			return fmt.Errorf("%w: %v", errGuestExited, err)
+		case <-d.keeper.done:
+			return errStopped
 		default:
 		}
 		// A short dial timeout: a SYN sent before the guest's stack is up is
@@ -513,14 +514,33 @@ func (d *daemon) setStopped(reason string, cause error) {
 	})
 }
 
-func (d *daemon) requestStop(reason string) {
+// requestStop stops the sandbox: in the keeper directly, in the gate
+// process by asking the keeper. cause is what failed, for
+// state.StopError.
+func (d *daemon) requestStop(reason string, cause error) {
+	if d.keeper != nil {
+		req := stopRequest{Reason: reason}
+		if cause != nil {
+			req.Error = cause.Error()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := d.keeper.call(ctx, "stop", req, nil); err != nil {
+			d.log.Warn("asking the keeper to stop the sandbox", "err", err)
+		}
+	}
 	d.stopOnce.Do(func() {
 		d.stopReason = reason
+		if cause != nil {
+			d.stopError = cause.Error()
+		}
 		close(d.stopCh)
 	})
 }
 
-func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
+// listenControl listens on the control socket, 0600, and makes its
+// server; the gate process serves it once it runs (srv.Serve).
+func (d *daemon) listenControl() (net.Listener, *http.Server, error) {
 	sock := control.Socket(d.o.Dir)
 	old := unix.Umask(0o077)
 	ln, err := net.Listen("unix", sock)
@@ -544,7 +564,6 @@ func (d *daemon) serveControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("GET /v1/forwards", d.handleForwards)
 	mux.HandleFunc("POST /v1/forwards", d.handleChangeForward)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)
 	return ln, srv, nil
 }
 
@@ -556,17 +575,18 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 
 func (d *daemon) handleStatus(w http.ResponseWriter, r *http.Request) {
 	rec, _ := d.record()
-	st := control.Status{Schema: control.Schema, PID: os.Getpid(), Started: d.started, Sessions: d.sess.count(), Image: d.o.ImageRef,
+	// The daemon's pid is the keeper's, as daemon.pid says.
+	st := control.Status{Schema: control.Schema, PID: os.Getppid(), Sessions: d.sess.count(), Image: d.o.ImageRef,
 		Platform: d.o.Plan.Platform}
 	if d.net != nil {
 		st.Denials = d.net.ledger.Total()
 		st.Warnings = d.net.policyWarnings()
 	}
-	st.Resources = d.resourceStatus()
+	h := d.host()
+	st.Resources, st.Disk = h.Resources, h.Disk
 	st.Activity, st.Gate = d.activityStatus(), d.gateStatus()
-	st.Disk = DiskStatus(d.o.Dir, int(d.shimPID.Load()))
 	if rec != nil {
-		st.Name, st.State, st.Workspace = rec.Name, rec.State, rec.Workspace
+		st.Name, st.State, st.Workspace, st.Started = rec.Name, rec.State, rec.Workspace, rec.Started
 	}
 	writeJSON(w, http.StatusOK, st)
 }
@@ -581,7 +601,7 @@ func (d *daemon) handleStop(w http.ResponseWriter, r *http.Request) {
 		reason = state.StopUser
 	}
 	writeJSON(w, http.StatusAccepted, map[string]int{"schema": control.Schema})
-	d.requestStop(reason)
+	d.requestStop(reason, nil)
 }
 
 // handleSSH hands the client's connection, after the 101, to the session
@@ -636,7 +656,7 @@ func (d *daemon) newProxy() (*session.Proxy, error) {
 		// SSH_AUTH_SOCK, dialled afresh for every channel.
 		sock := os.Getenv("SSH_AUTH_SOCK")
 		pc.Agent = func() session.AgentConn {
-			f := &sshagent.Filter{Sock: sock, Allow: d.o.SSHAgentKeys}
+			f := &sshagent.Filter{Sock: sock, Allow: d.o.SSHAgentKeys, Dial: d.dialAgentVia()}
 			if d.o.SSHAgentConfirm {
 				f.Confirm = d.confirmSign
 			}

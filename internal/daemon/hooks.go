@@ -3,6 +3,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -156,11 +157,10 @@ func (d *daemon) hookEnv(rec *state.Record) (map[string]string, error) {
 	return env, nil
 }
 
-// hooks runs the hooks while still answering what the daemon must: a
-// signal or a guest that dies cuts them short and is handled by the
-// caller as usual (put back on its channel). An on_create failure stops
-// the sandbox and is returned.
-func (d *daemon) hooks(ctx context.Context, exited chan error, sigs chan os.Signal) error {
+// hooks runs the hooks until they finish or the sandbox stops (the
+// keeper ends the link, or a stop was asked for). An on_create failure
+// stops the sandbox and is returned.
+func (d *daemon) hooks(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(ctx, hookTimeout)
 	defer cancel()
 	done := make(chan error, 1)
@@ -171,24 +171,18 @@ func (d *daemon) hooks(ctx context.Context, exited chan error, sigs chan os.Sign
 			return nil
 		}
 		d.log.Warn("set-up failed", "err", err)
-		d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
-		d.stopGuest(exited)
-		d.setStopped(state.StopError, err)
+		d.requestStop(state.StopError, err)
 		return err
-	case err := <-exited:
-		cancel()
-		<-done
-		exited <- err
-	case s := <-sigs:
-		cancel()
-		<-done
-		sigs <- s
+	case <-d.keeper.done:
 	case <-d.stopCh:
-		cancel()
-		<-done
 	}
-	return nil
+	cancel()
+	<-done
+	return errStopped
 }
+
+// errStopped is a start cut short by a stop.
+var errStopped = errors.New("the sandbox stopped while starting")
 
 // copyFiles writes the [[files]] into the guest, each at every start: a
 // key or a config file edited on the host reaches the guest at the next
@@ -199,8 +193,8 @@ func (d *daemon) hooks(ctx context.Context, exited chan error, sigs chan os.Sign
 // copied fails the start: a hook or agent expecting it would fail later,
 // further from the cause.
 func (d *daemon) copyFiles(ctx context.Context) error {
-	for _, f := range d.o.Files {
-		data, err := readCopySource(f, d.o.Dir)
+	for i, f := range d.o.Files {
+		data, err := d.copies[i].data, d.copies[i].err
 		if err != nil {
 			return err
 		}
@@ -222,6 +216,21 @@ umask 077; cat > "$1" && chmod "$2" "$1" && chown agent:agent "$1"`
 		d.log.Info("file copied into the guest", "source", f.Source, "target", f.Target, "bytes", len(data))
 	}
 	return nil
+}
+
+// copySource is a [[files]] source as read at the start, before the
+// gate process's jail, which cannot open it.
+type copySource struct {
+	data []byte
+	err  error
+}
+
+// readCopies reads the [[files]] sources for copyFiles.
+func (d *daemon) readCopies() {
+	d.copies = make([]copySource, len(d.o.Files))
+	for i, f := range d.o.Files {
+		d.copies[i].data, d.copies[i].err = readCopySource(f, d.o.Dir)
+	}
 }
 
 // readCopySource reads a [[files]] source after checking it.

@@ -133,7 +133,7 @@ func (d *daemon) watchIdle(ctx context.Context) {
 		return
 	}
 	var clock idleClock
-	cpu0, cpuOK := d.sandboxCPU()
+	cpu0, cpuOK := d.cpu()
 	net0 := d.netBytes()
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -143,7 +143,7 @@ func (d *daemon) watchIdle(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			cpu1, ok := d.sandboxCPU()
+			cpu1, ok := d.cpu()
 			net1 := d.netBytes()
 			s := idleSample{OK: ok && cpuOK, Sessions: d.sess.count()}
 			if s.OK {
@@ -158,7 +158,7 @@ func (d *daemon) watchIdle(ctx context.Context) {
 			d.idleMu.Unlock()
 			if clockDue && d.sess.close() {
 				d.log.Info("stopping an idle sandbox", "idle_for", now.Sub(clock.since).Round(time.Second), "timeout", timeout)
-				d.requestStop(state.StopIdle)
+				d.requestStop(state.StopIdle, nil)
 				return
 			}
 		}
@@ -175,6 +175,15 @@ func (d *daemon) netBytes() uint64 {
 		n += info.Stats.Rx.Bytes.Value() + info.Stats.Tx.Bytes.Value()
 	}
 	return n
+}
+
+// cpu is the sandbox's CPU time so far: the keeper's to read.
+func (d *daemon) cpu() (time.Duration, bool) {
+	if d.keeper == nil {
+		return d.sandboxCPU()
+	}
+	h := d.host()
+	return h.CPU, h.CPUOK
 }
 
 // clockTick is the kernel's USER_HZ, the unit of /proc/PID/stat times:

@@ -277,7 +277,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		}
 		servers = s
 	}
-	al, err := audit.OpenWith(filepath.Join(d.o.Dir, "audit.jsonl"), audit.Options{
+	al, err := audit.OpenWith(state.AuditPath(d.o.Dir), audit.Options{
 		MaxBytes: int64(o.Audit.MaxBytes), Retention: o.Audit.Retention, Logger: d.log.With("component", "audit")})
 	if err != nil {
 		return nil, fmt.Errorf("opening the audit log: %w", err)
@@ -311,7 +311,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		Sandbox:       filepath.Base(d.o.Dir),
 		Policy:        p,
 		Resolver:      n.res,
-		HostAddrs:     gate.HostAddrs,
+		HostAddrs:     d.hostAddrs(),
 		Audit:         al,
 		Ledger:        n.ledger,
 		Log:           d.log.With("component", "gate"),
@@ -385,7 +385,41 @@ func (n *network) recompile() error {
 	return nil
 }
 
+// discoverHost adds what the host's tools say (discoverHost, run by the
+// keeper: the gate process's jail runs no program) to the discovered
+// layer.
 func (n *network) discoverHost(ctx context.Context, d *daemon) {
+	var found []policy.Rule
+	if d.keeper == nil {
+		found = discoverHost(ctx)
+	} else {
+		var rs []discoveredRule
+		if _, err := d.keeper.call(ctx, "discover", nil, &rs); err != nil {
+			d.log.Warn("asking the keeper for the host's package repositories", "err", err)
+			return
+		}
+		for _, r := range rs {
+			got, err := policy.ParseEntry(r.Entry)
+			if err != nil {
+				d.log.Warn("a discovered repository moat cannot write as a rule", "entry", r.Entry, "err", err)
+				continue
+			}
+			got.Action, got.Layer, got.Source = policy.Allow, policy.LayerNamed, r.Source
+			found = append(found, got)
+		}
+	}
+	n.mu.Lock()
+	n.discovered = mergeRules(n.discovered, found)
+	n.mu.Unlock()
+	if err := n.recompile(); err != nil {
+		d.log.Warn("recompiling the policy after discovery", "err", err)
+	}
+}
+
+// discoverHost runs the host's package tools (go env, npm config) at the
+// lowest CPU priority, each bounded in time, and returns the
+// repositories they name.
+func discoverHost(ctx context.Context) []policy.Rule {
 	run := func(name string, args ...string) (string, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
@@ -403,13 +437,7 @@ func (n *network) discoverHost(ctx context.Context, d *daemon) {
 		err := cmd.Wait()
 		return out.String(), err
 	}
-	found := policy.Discover("/", run, os.Getenv)
-	n.mu.Lock()
-	n.discovered = mergeRules(n.discovered, found)
-	n.mu.Unlock()
-	if err := n.recompile(); err != nil {
-		d.log.Warn("recompiling the policy after discovery", "err", err)
-	}
+	return policy.Discover("/", run, os.Getenv)
 }
 
 func mergeRules(a, b []policy.Rule) []policy.Rule {

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -33,7 +34,7 @@ const retryAfter = 10 * time.Minute
 // source, by policy name. With fetch, a list never fetched, or older than
 // its refresh interval, is fetched first; without, only the cache and
 // files are read. It never fails: see lists.Cache.Load.
-func LoadLists(ctx context.Context, cache *lists.Cache, n config.Network, fetch bool) map[string]*lists.Loaded {
+func LoadLists(ctx context.Context, cache ListLoader, n config.Network, fetch bool) map[string]*lists.Loaded {
 	out := map[string]*lists.Loaded{}
 	for _, name := range n.Use {
 		p, ok := n.Policies[name]
@@ -66,6 +67,28 @@ func namedRules(p config.Policy, l *lists.Loaded) ([]policy.Rule, error) {
 	return out, nil
 }
 
+// ListLoader loads a named policy's list: a *lists.Cache, or in the gate
+// process the keeper, which reads the cache for it (keeperLists).
+type ListLoader interface {
+	Load(ctx context.Context, name, source string, maxAge time.Duration, fetch bool) *lists.Loaded
+}
+
+// keeperLists loads lists through the keeper: the gate process's jail
+// has no cache directory. The keeper loads a list by the policy's name,
+// from the source its own copy of the configuration gives.
+type keeperLists struct{ d *daemon }
+
+func (k keeperLists) Load(ctx context.Context, name, _ string, maxAge time.Duration, fetch bool) *lists.Loaded {
+	var l lists.Loaded
+	if _, err := k.d.keeper.call(ctx, "list", listRequest{Name: name, MaxAge: maxAge, Fetch: fetch}, &l); err != nil {
+		return &lists.Loaded{Name: name, Parsed: &lists.Parsed{}, Warnings: []string{fmt.Sprintf("policy %s: its list could not be loaded (%v)", name, err)}}
+	}
+	if l.Parsed == nil {
+		l.Parsed = &lists.Parsed{}
+	}
+	return &l
+}
+
 // CacheFor is the list cache of the moat home the process runs under.
 func CacheFor() (*lists.Cache, error) {
 	d, err := state.Resolve()
@@ -77,7 +100,7 @@ func CacheFor() (*lists.Cache, error) {
 
 // namedLists are a running daemon's loaded lists.
 type namedLists struct {
-	cache  *lists.Cache
+	cache  ListLoader
 	config config.Network
 
 	mu     sync.Mutex // guards loaded
@@ -88,10 +111,14 @@ type namedLists struct {
 // those never fetched, bounded by startFetchTimeout) and starts their
 // refreshes, which stop with ctx.
 func (n *network) startLists(ctx context.Context, d *daemon) {
-	cache, err := CacheFor()
-	if err != nil {
-		d.log.Warn("finding the list cache; named policies' lists stay empty", "err", err)
-		cache = &lists.Cache{Dir: ""}
+	var cache ListLoader = keeperLists{d}
+	if d.keeper == nil {
+		c, err := CacheFor()
+		if err != nil {
+			d.log.Warn("finding the list cache; named policies' lists stay empty", "err", err)
+			c = &lists.Cache{Dir: ""}
+		}
+		cache = c
 	}
 	nl := &namedLists{cache: cache, config: n.o.Config}
 	sctx, cancel := context.WithTimeout(ctx, startFetchTimeout)

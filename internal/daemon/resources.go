@@ -5,13 +5,10 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/internal/guest"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/state"
 )
@@ -241,29 +238,23 @@ func (d *daemon) guardOOM(ctx context.Context) {
 }
 
 // oomKill has the guest kill its largest process (guest.OOMKill, in the
-// agent: a global request on the daemon's connection to it) and records
-// it: the daemon's log, the record, status.
+// agent: a global request on the gate process's connection to it) and
+// records it: the daemon's log, the record, status.
 func (d *daemon) oomKill(ctx context.Context, workingSet uint64) (victimRSS uint64) {
-	if d.proxy == nil {
+	if d.gate == nil {
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	start := time.Now()
-	ok, reply, err := d.proxy.GlobalRequest(ctx, guest.OOMKillRequest, nil)
-	what := string(reply)
-	if len(what) > 200 {
-		what = what[:200]
-	}
-	if err != nil || !ok {
+	var k oomKillAnswer
+	_, err := d.gate.call(ctx, "oom-kill", nil, &k)
+	what := truncate(k.What, 200)
+	if err != nil || !k.OK {
 		d.log.Warn("the guest reached its memory ceiling and killing its largest process failed", "working_set_mib", workingSet/resources.MiB, "err", err, "reply", what)
 		return 0
 	}
-	if _, kib, ok := strings.Cut(what, "rss_kib="); ok {
-		if n, err := strconv.ParseUint(strings.Fields(kib)[0], 10, 64); err == nil {
-			victimRSS = n << 10
-		}
-	}
+	victimRSS = k.RSS
 	note := fmt.Sprintf("%s: killed %s (memory at the ceiling, memory_max %s)",
 		time.Now().Format(time.RFC3339), what, resources.FormatMiB(d.o.Limits.CeilingBytes))
 	d.log.Warn("guest process OOM-killed at the memory ceiling", "killed", what, "working_set_mib", workingSet/resources.MiB, "kill_ms", time.Since(start).Milliseconds())

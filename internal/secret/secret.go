@@ -66,7 +66,8 @@ type Set struct {
 }
 
 type state struct {
-	defs []def // sorted by name; fixed at Resolve
+	defs   []def      // sorted by name; fixed at Resolve
+	remote RemoteRead // nil: file: and command: sources are read here
 
 	refreshMu sync.Mutex // serializes Refresh, so retired values are not lost
 	snap      atomic.Pointer[snapshot]
@@ -116,6 +117,18 @@ func Resolve(ctx context.Context, secrets map[string]config.Secret, lookupEnv fu
 // string would be swapped wherever it appears; read the ones in use back
 // with Placeholders and store those.
 func ResolveWith(ctx context.Context, secrets map[string]config.Secret, lookupEnv func(string) (string, bool), placeholders map[string]string) (*Set, error) {
+	return ResolveRemote(ctx, secrets, lookupEnv, placeholders, nil)
+}
+
+// RemoteRead reads the value of the secret name, whose source is a file:
+// or a command:, in another process: the daemon's gate process cannot
+// open the host's files or run its commands, and asks its keeper, which
+// reads only the sources the sandbox's configuration gives (ReadOne).
+type RemoteRead func(ctx context.Context, name string) ([]byte, error)
+
+// ResolveRemote is ResolveWith with file: and command: sources read by
+// remote, now and at every Refresh; nil reads them here.
+func ResolveRemote(ctx context.Context, secrets map[string]config.Secret, lookupEnv func(string) (string, bool), placeholders map[string]string, remote RemoteRead) (*Set, error) {
 	if lookupEnv == nil {
 		lookupEnv = os.LookupEnv
 	}
@@ -126,7 +139,7 @@ func ResolveWith(ctx context.Context, secrets map[string]config.Secret, lookupEn
 	sort.Strings(names)
 
 	seen := map[string]bool{}
-	st := &state{}
+	st := &state{remote: remote}
 	var errs []error
 	for _, n := range names {
 		c := secrets[n]
@@ -201,7 +214,7 @@ func (st *state) read(ctx context.Context, lookupEnv func(string) (string, bool)
 	snap := &snapshot{values: make([]value, len(st.defs)), retired: make([][]value, len(st.defs))}
 	var errs []error
 	for i := range st.defs {
-		v, err := st.defs[i].readValue(ctx, lookupEnv)
+		v, err := st.defs[i].readValue(ctx, lookupEnv, st.remote)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -235,6 +248,10 @@ func newPlaceholder() (string, error) {
 	}
 	return PlaceholderPrefix + placeholderEncoding.EncodeToString(b), nil
 }
+
+// ValidPlaceholder reports whether p has the form of a placeholder moat
+// hands out.
+func ValidPlaceholder(p string) bool { return validPlaceholder(p) }
 
 func validPlaceholder(p string) bool {
 	r, ok := strings.CutPrefix(p, PlaceholderPrefix)

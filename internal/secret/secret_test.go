@@ -270,7 +270,7 @@ func TestSources(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			d := def{name: "K", from: tt.from}
-			v, err := d.readValue(context.Background(), env(map[string]string{"K": canary}))
+			v, err := d.readValue(context.Background(), env(map[string]string{"K": canary}), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

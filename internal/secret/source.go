@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"moat.dev/moat/internal/config"
 	"os"
 	"os/exec"
 	"strings"
@@ -67,10 +68,18 @@ func (d *def) fail(cause error, format string, args ...any) error {
 
 // readValue reads d's value on the host and checks that it can be sent
 // in a header and scrubbed.
-func (d *def) readValue(ctx context.Context, lookupEnv func(string) (string, bool)) (value, error) {
+func (d *def) readValue(ctx context.Context, lookupEnv func(string) (string, bool), remote RemoteRead) (value, error) {
 	kind, rest, _ := strings.Cut(d.from, ":")
 	var v []byte
+	if remote != nil && (kind == "file" || kind == "command") {
+		b, err := remote(ctx, d.name)
+		if err != nil {
+			return nil, &sourceError{msg: err.Error(), err: err}
+		}
+		kind, v = "remote", b
+	}
 	switch kind {
+	case "remote":
 	case "env":
 		s, ok := lookupEnv(rest)
 		if !ok {
@@ -100,6 +109,15 @@ func (d *def) readValue(ctx context.Context, lookupEnv func(string) (string, boo
 		return nil, err
 	}
 	return value(v), nil
+}
+
+// ReadOne reads the value of the secret name, configured as c, on the
+// host, as Resolve would: for a process that reads for another
+// (RemoteRead). Its errors are Resolve's.
+func ReadOne(ctx context.Context, name string, c config.Secret) ([]byte, error) {
+	d := def{name: name, from: c.From, source: c.Source}
+	v, err := d.readValue(ctx, func(string) (string, bool) { return "", false }, nil)
+	return []byte(v), err
 }
 
 func (d *def) checkValue(v []byte) error {

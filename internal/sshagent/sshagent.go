@@ -28,7 +28,10 @@ var ErrRefused = errors.New("refused by moat: the sandbox may only list and use 
 
 // Filter is an agent.ExtendedAgent over the host's agent at Sock.
 type Filter struct {
-	Sock  string   // the host's SSH_AUTH_SOCK
+	Sock string // the host's SSH_AUTH_SOCK
+	// Dial, when set, reaches the host's agent instead of Sock: in a
+	// process that cannot open the socket itself, another does.
+	Dial  func() (net.Conn, error)
 	Allow []string // "SHA256:..." fingerprints or key comments
 	// Confirm, when set, is asked before each signature with an allowed
 	// key ([ssh_agent] confirm = true); false refuses it.
@@ -43,6 +46,14 @@ const dialTimeout = 5 * time.Second
 
 func (f *Filter) upstream() (agent.ExtendedAgent, error) {
 	if f.up != nil {
+		return f.up, nil
+	}
+	if f.Dial != nil {
+		c, err := f.Dial()
+		if err != nil {
+			return nil, err
+		}
+		f.conn, f.up = c, agent.NewClient(c)
 		return f.up, nil
 	}
 	if f.Sock == "" {

@@ -139,6 +139,10 @@ type Record struct {
 	// says when, which process and how large.
 	GuestOOMKills int    `json:"guest_oom_kills,omitempty"`
 	LastOOMKill   string `json:"last_oom_kill,omitempty"`
+	// GateUID is the uid (and gid) the sandbox's gate process runs as,
+	// one no other sandbox and nothing of the host's has; allocated at
+	// the first start and kept.
+	GateUID int `json:"gate_uid,omitempty"`
 }
 
 // RuntimeForwards are the port forwards added at run time. Field names
@@ -303,6 +307,13 @@ func TryLock(path string) (release func(), ok bool, err error) {
 
 // DaemonLock is the path of the lock a sandbox's daemon holds while alive.
 func DaemonLock(dir string) string { return filepath.Join(dir, "daemon.lock") }
+
+// AuditDir is the directory of the sandbox's audit log: the one place on
+// the host its gate process may write, so it holds nothing else.
+func AuditDir(dir string) string { return filepath.Join(dir, "audit") }
+
+// AuditPath is the sandbox's audit log (its rotations beside it).
+func AuditPath(dir string) string { return filepath.Join(AuditDir(dir), "audit.jsonl") }
 
 // DaemonAlive reports whether a daemon holds the sandbox's daemon lock.
 func DaemonAlive(dir string) bool {

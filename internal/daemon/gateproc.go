@@ -1,0 +1,320 @@
+package daemon
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/secret"
+	"moat.dev/moat/internal/state"
+)
+
+// The gate process: everything of the daemon that reads what the guest
+// sends, jailed. It sets itself up as root (the CA, the secrets, the
+// policy, the audit log, the control socket), then locks itself down
+// (internal/lockdown) before it reads a single frame from tap0, and asks
+// the keeper for the guest to start. See docs/architecture.md,
+// "Privilege separation".
+
+// RunGate is the gate process's main (`moat __gate DIR`), started by the
+// keeper with the fds keeper.go names; it returns when the keeper ends the
+// link.
+func RunGate(o Options) error {
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
+	defer startProfile()()
+	err := d.runGate()
+	if err != nil && !errors.Is(err, errStopped) {
+		if d.o.Ready != nil {
+			fmt.Fprintf(d.o.Ready, "error: %v\n", err)
+		}
+		if d.keeper != nil {
+			d.requestStop(state.StopError, err)
+		}
+	}
+	if d.o.Ready != nil {
+		d.o.Ready.Close()
+	}
+	return err
+}
+
+func (d *daemon) runGate() error {
+	// The keeper drives the stop; a signal meant for the daemon's
+	// process group is not this process's to act on.
+	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	l, err := newLink(os.NewFile(gateLinkFD, "link"), maxLinkMessage, d.serveKeeper)
+	if err != nil {
+		return err
+	}
+	d.keeper = l
+	defer l.Close()
+	if os.Getenv(gateReadyEnv) != "" {
+		d.o.Ready = os.NewFile(gateReadyFD, "ready")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := l.call(ctx, "handover", nil, &d.o.SecretEnv); err != nil {
+		return err
+	}
+	rec, err := state.Load(d.o.Dir)
+	if err != nil {
+		return err
+	}
+	d.rec = rec
+	if rec.GateUID == 0 {
+		return errors.New("the record has no gate uid")
+	}
+
+	// Set-up, as root: everything read from the host is read now.
+	ca, creds, err := d.startCredentials(ctx)
+	if err != nil {
+		return err
+	}
+	d.ca, d.creds = ca, creds
+	if err := d.writeGuestSpec(); err != nil {
+		return err
+	}
+	d.readCopies()
+	nw, err := d.startNetwork(ctx)
+	if err != nil {
+		return err
+	}
+	d.net = nw
+	defer nw.close()
+	proxy, err := d.newProxy()
+	if err != nil {
+		return err
+	}
+	d.proxy = proxy
+	defer proxy.Close()
+	ln, srv, err := d.listenControl()
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	defer srv.Close()
+
+	if err := d.lockDown(rec.GateUID); err != nil {
+		return fmt.Errorf("locking the gate process down: %w", err)
+	}
+	if _, err := l.call(ctx, "go", nil, nil); err != nil {
+		return err
+	}
+	lim := d.gateLimits()
+	st, err := netstack.New(netstack.Options{TAPFD: gateTapFD, Gate: nw.gate, Log: d.log, Ctx: ctx,
+		WindowBudget: lim.windowBytes, DNSQueries: lim.dns})
+	if err != nil {
+		return err
+	}
+	d.stack = st
+	d.annotateHolds()
+	defer d.startForwards(ctx)()
+	go srv.Serve(ln)
+
+	if err := d.waitAgent(); err != nil {
+		if errors.Is(err, errStopped) {
+			return err
+		}
+		return fmt.Errorf("%w (see %s)", err, filepath.Join(d.o.Dir, "daemon.log"))
+	}
+	// The guest is up and runsc has sized it: the keeper's OOM guard may
+	// raise the cgroup's hard limit above the ceiling (resources.go).
+	l.call(ctx, "up", nil, nil)
+	if err := d.hooks(ctx); err != nil {
+		return err
+	}
+	if err := d.updateRecord(func(r *state.Record) error { r.State = state.StateRunning; return nil }); err != nil {
+		return err
+	}
+	d.log.Info("sandbox running", "boot_ms", time.Since(d.rec.Started).Milliseconds())
+	close(d.booted)
+	d.servingProcs()
+	go func() {
+		// What the start allocated (the policy's compile, the CA, the
+		// guest's first handshake, the host's tools' answers) is garbage
+		// by now; the runtime would keep the freed pages for a while.
+		// Handing them back at once is about 2 MiB of an idle
+		// sandbox's memory.
+		select {
+		case <-d.net.settled:
+			debug.FreeOSMemory()
+		case <-ctx.Done():
+		}
+	}()
+	go d.watchIdle(ctx)
+	if d.o.Ready != nil {
+		fmt.Fprintln(d.o.Ready, "ok")
+		d.o.Ready.Close()
+		d.o.Ready = nil
+	}
+	<-l.done
+	return nil
+}
+
+// writeGuestSpec writes what the guest's init is told (guestspec).
+func (d *daemon) writeGuestSpec() error {
+	b, err := json.MarshalIndent(d.o.Guest, "", "  ")
+	if err != nil {
+		return err
+	}
+	return state.WriteAtomic(filepath.Join(d.o.Plan.GuestDir, "guest.json"), b, 0o644)
+}
+
+// lockDown jails the process (internal/lockdown): its uid, no
+// capabilities, the seccomp filter, and of the host's files only its
+// audit directory. What the standard library would read lazily from the
+// host is read first.
+func (d *daemon) lockDown(uid int) error {
+	time.Now().Zone()     // /etc/localtime, for the log's times
+	x509.SystemCertPool() // the roots upstream TLS is verified against
+	lim := d.gateLimits()
+	ppid := os.Getppid()
+	err := lockdown.Apply(lockdown.Config{
+		UID: uid, GID: uid,
+		Binds: []lockdown.Bind{{Path: state.AuditDir(d.o.Dir), Writable: true}},
+		// A socket per guest connection and per session, the audit
+		// log's files, the listeners of forwards, and room for the
+		// runtime.
+		NoFile:            uint64(2*lim.conns + 1024),
+		ParentDeathSignal: unix.SIGKILL,
+	})
+	if err != nil {
+		return err
+	}
+	// The parent-death signal, set again by Apply after the change of
+	// uid, checked against a keeper that died in between.
+	if os.Getppid() != ppid {
+		return errors.New("the keeper is gone")
+	}
+	d.log.Info("gate process locked down", "uid", uid)
+	return nil
+}
+
+// oomKillAnswer is the gate process's answer to the keeper's "oom-kill":
+// the guest agent's reply, read here.
+type oomKillAnswer struct {
+	OK   bool   `json:"ok"`
+	What string `json:"what"`
+	RSS  uint64 `json:"rss"`
+}
+
+// serveKeeper answers the keeper's calls.
+func (d *daemon) serveKeeper(ctx context.Context, method string, body json.RawMessage) (any, []*os.File, error) {
+	switch method {
+	case "oom-kill":
+		if d.proxy == nil {
+			return oomKillAnswer{}, nil, nil
+		}
+		ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		ok, reply, err := d.proxy.GlobalRequest(ctx, guest.OOMKillRequest, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return parseOOMKill(ok, reply), nil, nil
+	}
+	return nil, nil, fmt.Errorf("no call %q", method)
+}
+
+// hostAddrs are the host's own addresses, which the gate refuses like
+// loopback. The jail has no netlink socket to list them: the keeper
+// does. A failed call keeps the last list.
+func (d *daemon) hostAddrs() func() []netip.Addr {
+	if d.keeper == nil {
+		return gate.HostAddrs
+	}
+	var mu sync.Mutex
+	var last []netip.Addr
+	return func() []netip.Addr {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		var got []netip.Addr
+		mu.Lock()
+		defer mu.Unlock()
+		if _, err := d.keeper.call(ctx, "addrs", nil, &got); err == nil {
+			last = got
+		}
+		return last
+	}
+}
+
+// host is the keeper's view of the sandbox (hostStatus).
+func (d *daemon) host() hostStatus {
+	if d.keeper == nil {
+		return d.hostStatus()
+	}
+	var h hostStatus
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	d.keeper.call(ctx, "host", nil, &h)
+	return h
+}
+
+// parseOOMKill reads the guest agent's answer to guest.OOMKillRequest:
+// what it killed, and its "rss_kib=N".
+func parseOOMKill(ok bool, reply []byte) oomKillAnswer {
+	what := truncate(string(reply), 200)
+	a := oomKillAnswer{OK: ok, What: what}
+	if _, kib, found := strings.Cut(what, "rss_kib="); found {
+		if f := strings.Fields(kib); len(f) > 0 {
+			if n, err := strconv.ParseUint(f[0], 10, 64); err == nil {
+				a.RSS = n << 10
+			}
+		}
+	}
+	return a
+}
+
+// dialAgentVia reaches the host's ssh-agent through the keeper (its
+// dialAgent), in the gate process; nil elsewhere.
+func (d *daemon) dialAgentVia() func() (net.Conn, error) {
+	if d.keeper == nil {
+		return nil
+	}
+	return func() (net.Conn, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		fds, err := d.keeper.call(ctx, "agent", nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		if len(fds) != 1 {
+			closeFiles(fds)
+			return nil, errors.New("the keeper sent no agent connection")
+		}
+		defer fds[0].Close()
+		return net.FileConn(fds[0])
+	}
+}
+
+// secretRemote reads secrets' file: and command: sources through the
+// keeper (its readSecretSource), in the gate process; nil elsewhere.
+func (d *daemon) secretRemote() secret.RemoteRead {
+	if d.keeper == nil {
+		return nil
+	}
+	return func(ctx context.Context, name string) ([]byte, error) {
+		var a secretAnswer
+		if _, err := d.keeper.call(ctx, "secret", secretRequest{Name: name}, &a); err != nil {
+			return nil, err
+		}
+		return a.Value, nil
+	}
+}
