@@ -4,8 +4,11 @@ package lockdown
 
 import (
 	"fmt"
+	"runtime"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/pkg/abi/linux"
 	"gvisor.dev/gvisor/pkg/bpf"
 	"gvisor.dev/gvisor/pkg/seccomp"
 )
@@ -159,6 +162,21 @@ func inetSocketRule() seccomp.SyscallRule {
 	return or
 }
 
+// mptcpSocketRule matches socket(AF_INET or AF_INET6, SOCK_STREAM,
+// IPPROTO_MPTCP).
+func mptcpSocketRule() seccomp.SyscallRule {
+	typeMask := ^uintptr(unix.SOCK_NONBLOCK | unix.SOCK_CLOEXEC)
+	var or seccomp.Or
+	for _, domain := range []uintptr{unix.AF_INET, unix.AF_INET6} {
+		or = append(or, seccomp.PerArg{
+			seccomp.EqualTo(domain),
+			seccomp.MaskedEqual(typeMask, unix.SOCK_STREAM),
+			seccomp.EqualTo(unix.IPPROTO_MPTCP),
+		})
+	}
+	return or
+}
+
 // noExecRule admits mmap and mprotect without PROT_EXEC: Go never maps
 // executable memory after start, so an attacker cannot either.
 func noExecRule() seccomp.SyscallRule {
@@ -200,6 +218,14 @@ func program(pid int) seccomp.Program {
 			// flags the filter can read; clone3's are behind a pointer.
 			{Rules: seccomp.MakeSyscallRules(map[uintptr]seccomp.SyscallRule{unix.SYS_CLONE3: seccomp.MatchAll{}}),
 				Action: seccomp.ReturnError.Code(uint16(unix.ENOSYS))},
+			// Go's net package probes for MPTCP once and, from Go 1.24,
+			// makes every listener MPTCP where it is available. MPTCP
+			// is kernel surface the gate does not need; the answer a
+			// kernel without it gives (EPROTONOSUPPORT) makes Go stop
+			// asking, where EPERM would have it try again at every
+			// Listen.
+			{Rules: seccomp.MakeSyscallRules(map[uintptr]seccomp.SyscallRule{unix.SYS_SOCKET: mptcpSocketRule()}),
+				Action: seccomp.ReturnError.Code(uint16(unix.EPROTONOSUPPORT))},
 			{Rules: allowed, Action: seccomp.Allow},
 		},
 		Options: seccomp.ProgramOptions{
@@ -223,9 +249,32 @@ func buildFilter(pid int) ([]bpf.Instruction, error) {
 
 // installFilter installs the filter on every thread (SECCOMP_FILTER_FLAG_TSYNC).
 // It needs no_new_privs, which dropPrivileges has set on every thread.
+//
+// SECCOMP_FILTER_FLAG_LOG has the kernel log each refusal (an audit record
+// of type 1326, SECCOMP, in the kernel log when no audit daemon runs) with
+// the system call's number: a refusal is either a call the table lacks or
+// an attack, and both should be seen. Kernels before 4.14 lack the flag and
+// get the filter without it. gVisor's seccomp.SetFilter takes no flags, so
+// the call is made here.
 func installFilter(instrs []bpf.Instruction) error {
-	if err := seccomp.SetFilter(instrs); err != nil {
-		return fmt.Errorf("installing seccomp filter on all threads: %w", err)
+	prog := linux.SockFprog{
+		Len:    uint16(len(instrs)),
+		Filter: (*linux.BPFInstruction)(unsafe.Pointer(&instrs[0])),
+	}
+	flags := uintptr(unix.SECCOMP_FILTER_FLAG_TSYNC | unix.SECCOMP_FILTER_FLAG_LOG)
+	tid, _, errno := unix.RawSyscall(unix.SYS_SECCOMP, linux.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
+	if errno == unix.EINVAL {
+		flags &^= unix.SECCOMP_FILTER_FLAG_LOG
+		tid, _, errno = unix.RawSyscall(unix.SYS_SECCOMP, linux.SECCOMP_SET_MODE_FILTER, flags, uintptr(unsafe.Pointer(&prog)))
+	}
+	runtime.KeepAlive(instrs)
+	if errno != 0 {
+		return fmt.Errorf("installing seccomp filter on all threads: %w", errno)
+	}
+	// With TSYNC, a positive return is a thread that could not take the
+	// filter (seccomp(2)).
+	if tid != 0 {
+		return fmt.Errorf("installing seccomp filter: thread %d could not be synchronised", tid)
 	}
 	return nil
 }
