@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH=/usr/local/go/bin:$PATH
 go vet ./...
-# One built binary and one runsc shared by every end-to-end test.
-export MOAT_BIN=$PWD/bin/moat MOAT_RUNSC=$PWD/bin/runsc
+# One built binary and one runsc shared by every end-to-end test. The
+# binary is bin/moat with the test-only hooks (-tags moattest: the gate
+# process's escape attempts, see internal/daemon/escape_moattest.go).
+CGO_ENABLED=0 go build -trimpath -tags moattest -o bin/moat-test ./cmd/moat
+export MOAT_BIN=$PWD/bin/moat-test MOAT_RUNSC=$PWD/bin/runsc
 # -v so that every skipped test says why in the log; the full output is in
 # /tmp/moat-test.log, and what is printed here is the skips with their
 # reasons, every failure with its output, and each package's result line.

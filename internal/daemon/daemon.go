@@ -563,9 +563,15 @@ func (d *daemon) listenControl() (net.Listener, *http.Server, error) {
 	mux.HandleFunc("POST /v1/policies/reload", d.handleReloadPolicies)
 	mux.HandleFunc("GET /v1/forwards", d.handleForwards)
 	mux.HandleFunc("POST /v1/forwards", d.handleChangeForward)
+	for _, route := range testRoutes {
+		route(mux, d)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	return ln, srv, nil
 }
+
+// testRoutes are routes only a test build serves (escape_moattest.go).
+var testRoutes []func(*http.ServeMux, *daemon)
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

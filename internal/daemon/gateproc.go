@@ -41,13 +41,11 @@ func RunGate(o Options) error {
 	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
 	defer startProfile()()
 	err := d.runGate()
-	if err != nil && !errors.Is(err, errStopped) {
-		if d.o.Ready != nil {
-			fmt.Fprintf(d.o.Ready, "error: %v\n", err)
-		}
-		if d.keeper != nil {
-			d.requestStop(state.StopError, err)
-		}
+	if err != nil && !errors.Is(err, errStopped) && d.keeper != nil {
+		// The keeper stops the sandbox and then tells the CLI why, on
+		// its own copy of the ready pipe: a CLI told before would start
+		// the sandbox again while this start still stops.
+		d.requestStop(state.StopError, err)
 	}
 	if d.o.Ready != nil {
 		d.o.Ready.Close()

@@ -194,6 +194,7 @@ func ApplyRuleChange(rt *state.RuntimeRules, op string, entries []string) error 
 type network struct {
 	o      NetworkOptions
 	dir    string
+	record func() (*state.Record, error) // the daemon's record (record.go)
 	gate   *gate.Gate
 	res    *gate.Resolver
 	audit  *audit.Log
@@ -282,7 +283,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening the audit log: %w", err)
 	}
-	n := &network{o: o, dir: d.o.Dir, audit: al, ledger: audit.NewLedger(1024), settled: make(chan struct{})}
+	n := &network{o: o, dir: d.o.Dir, record: d.record, audit: al, ledger: audit.NewLedger(1024), settled: make(chan struct{})}
 	for _, root := range o.DiscoverRoots {
 		n.discovered = append(n.discovered, policy.Discover(root, nil, func(string) string { return "" })...)
 	}
@@ -359,7 +360,7 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 
 // compile rebuilds the policy from the record's runtime rules.
 func (n *network) compile() (*policy.Policy, error) {
-	rec, err := state.Load(n.dir)
+	rec, err := n.record()
 	if err != nil {
 		return nil, err
 	}

@@ -62,7 +62,7 @@ func answerDaemon(t *testing.T) (d *daemon, ws, userCfg string) {
 	}
 	o := Options{Dir: dir, Log: slog.New(slog.DiscardHandler), Network: NetworkOptions{UserConfig: userCfg}}
 	d = &daemon{o: o, log: o.Log, stopCh: make(chan struct{})}
-	d.net = &network{o: o.Network, dir: dir, settled: make(chan struct{}), holds: gate.NewHolds(gate.HoldsOptions{Timeout: time.Minute})}
+	d.net = &network{o: o.Network, dir: dir, record: d.record, settled: make(chan struct{}), holds: gate.NewHolds(gate.HoldsOptions{Timeout: time.Minute})}
 	d.net.gate = gate.New(gate.Options{Holds: d.net.holds})
 	if err := d.net.recompile(); err != nil {
 		t.Fatal(err)

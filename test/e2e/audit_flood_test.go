@@ -271,7 +271,7 @@ done`, fetches, g.ca))
 	t.Logf("%d records after the flood; dropped notices: %q", len(recs), notices)
 
 	// Under the bound, every file of both series.
-	names, err := filepath.Glob(filepath.Join(g.state, "audit*.jsonl*"))
+	names, err := filepath.Glob(filepath.Join(g.state, "audit", "audit*.jsonl*"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,7 +341,7 @@ func TestAuditFullDiskDownload(t *testing.T) {
 		out, err := c.Output()
 		dl <- done{out, err}
 	}()
-	path := filepath.Join(g.state, "audit.jsonl")
+	path := filepath.Join(g.state, "audit", "audit.jsonl")
 	var start audit.Record
 	for deadline := time.Now().Add(20 * time.Second); start.Flow == ""; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
@@ -404,7 +404,7 @@ func TestAuditFullDiskDownload(t *testing.T) {
 	default:
 		t.Errorf("no end record for flow %s, and moat status reports none lost", start.Flow)
 	}
-	names, _ := filepath.Glob(filepath.Join(g.state, "audit*.jsonl*"))
+	names, _ := filepath.Glob(filepath.Join(g.state, "audit", "audit*.jsonl*"))
 	for _, name := range names {
 		b, err := os.ReadFile(name)
 		if err != nil {

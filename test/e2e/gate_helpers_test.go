@@ -423,7 +423,7 @@ func (g *gateEnv) audit(t *testing.T) []auditRec {
 func readAuditDir(t *testing.T, stateDir string) []auditRec {
 	t.Helper()
 	var out []auditRec
-	err := audit.Read(filepath.Join(stateDir, "audit.jsonl"), func(r audit.Record) bool {
+	err := audit.Read(filepath.Join(stateDir, "audit", "audit.jsonl"), func(r audit.Record) bool {
 		if r.Phase != audit.PhaseStart {
 			out = append(out, auditRec{Schema: r.Schema, Time: r.Time, Sandbox: r.Sandbox, Proto: r.Proto, Dst: r.Dst,
 				Name: r.Name, NameFrom: r.NameFrom, Verdict: string(r.Verdict), Rule: r.Rule, Layer: r.Layer, Reason: r.Reason,

@@ -520,7 +520,7 @@ c ELSEWHERE2 --http2 -H "Authorization: Bearer $MOAT_CANARY" https://bound.test/
 		}
 	}
 	e.denied(t, m, match{Name: "bound.test"})
-	raw, _ := os.ReadFile(filepath.Join(e.state, "audit.jsonl"))
+	raw, _ := os.ReadFile(filepath.Join(e.state, "audit", "audit.jsonl"))
 	if !bytes.Contains(raw, []byte("MOAT_CANARY")) {
 		t.Errorf("no audit line names the secret MOAT_CANARY where it was swapped")
 	}
