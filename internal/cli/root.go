@@ -14,8 +14,8 @@ import (
 	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
 
-	"moat.dev/moat/internal/guest"
 	"moat.dev/moat/internal/daemon"
+	"moat.dev/moat/internal/guest"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
