@@ -119,6 +119,8 @@ type daemon struct {
 
 	// The keeper's side of the gate process (keeper.go).
 	gate     *link // to the gate process
+	gatePID  int
+	gateIDs  gateIDs
 	shim     *shimConn
 	guestGo  chan struct{} // closed once the gate process has started the guest
 	goOnce   sync.Once
@@ -326,7 +328,7 @@ func (d *daemon) prepare() (gateIDs, error) {
 	if err := os.Chmod(guestDir, 0o755); err != nil {
 		return gateIDs{}, fmt.Errorf("creating guest dir: %w", err)
 	}
-	ids, err := d.gateIDs()
+	ids, err := d.allocGateIDs()
 	if err != nil {
 		return gateIDs{}, err
 	}

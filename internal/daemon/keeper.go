@@ -23,6 +23,7 @@ import (
 	"moat.dev/moat/internal/forward"
 	"moat.dev/moat/internal/gate"
 	"moat.dev/moat/internal/lists"
+	"moat.dev/moat/internal/lockdown"
 	"moat.dev/moat/internal/logfile"
 	"moat.dev/moat/internal/policy"
 	"moat.dev/moat/internal/preset"
@@ -63,10 +64,10 @@ const (
 	gateUIDCount = 1 << 16
 )
 
-// gateIDs is the sandbox's gate uid, allocated once and kept in the
+// allocGateIDs is the sandbox's gate uid, allocated once and kept in the
 // record: the lowest uid of the range that no other sandbox holds and that
 // the host's passwd, group and subordinate ranges do not name.
-func (d *daemon) gateIDs() (gateIDs, error) {
+func (d *daemon) allocGateIDs() (gateIDs, error) {
 	rec, err := state.Load(d.o.Dir)
 	if err != nil {
 		return gateIDs{}, err
@@ -242,6 +243,7 @@ func (d *daemon) startGate(ids gateIDs, tapFD int) (*gateProc, error) {
 		out.Close()
 		return nil, fmt.Errorf("starting the gate process: %w", err)
 	}
+	d.gatePID, d.gateIDs = g.pid, ids // before the link serves "go", which checks them
 	l, err := newLink(ours, maxLinkRequest, d.serveGate)
 	if err != nil {
 		unix.Kill(g.pid, unix.SIGKILL)
@@ -316,6 +318,11 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		d.o.SecretEnv = nil
 		return env, nil, nil
 	case "go":
+		// Checked from outside before any guest exists: a gate process
+		// that did not lock itself down gets no guest (fail closed).
+		if err := lockdown.Verify(d.gatePID, lockdown.Config{UID: d.gateIDs.UID, GID: d.gateIDs.GID}); err != nil {
+			return nil, nil, err
+		}
 		var err error
 		d.goOnce.Do(func() {
 			err = d.shim.startGuest()
