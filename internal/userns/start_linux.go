@@ -67,6 +67,32 @@ func ConfigFor(u *user.User, layout Layout, subuidFile, subgidFile string) (*Con
 	return c, nil
 }
 
+// Gate is c for a process that needs capabilities over its own mount
+// namespace but must run, and create files, as the user (the jailed gate
+// process, which then drops them and takes its uid as its gid too): the
+// user's uid onto itself, and the user's gid at inside id uid. It maps no
+// subordinate uid, so nothing the process does can touch the files of
+// the sandbox's namespace, which belong to them. It does map one
+// subordinate gid, at nogroup's id: newgidmap denies setgroups(2) in a
+// namespace whose map names none (its fix for CVE-2018-7169), and lockdown
+// clears the supplementary groups with it.
+func (c *Config) Gate(uid, gid uint32) *Config {
+	own := *c
+	own.UIDMap = []IDMap{{Inside: uid, Outside: uid, Count: 1}}
+	own.GIDMap = []IDMap{{Inside: uid, Outside: gid, Count: 1}}
+	spare := uint32(65534)
+	if uid == spare {
+		spare--
+	}
+	for _, m := range c.GIDMap {
+		if m.Outside != gid {
+			own.GIDMap = append(own.GIDMap, IDMap{Inside: spare, Outside: m.Outside, Count: 1})
+			break
+		}
+	}
+	return &own
+}
+
 func mapFromFile(layout Layout, id uint32, file, name string, uid uint32) ([]IDMap, error) {
 	f, err := os.Open(file)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -220,7 +246,8 @@ func (c *Config) handshake(sync *os.File, pid int) error {
 
 // Wait is the first thing a child started by Start does: it blocks until
 // the parent has written the maps, becomes uid 0 and gid 0 of the
-// namespace (with KeepIDs it starts as the user's ids), sets the
+// namespace where it maps them (with KeepIDs it starts as the user's ids;
+// with Gate it stays the user), sets the
 // parent-death signal sig (0: none) and tells the parent. It then has
 // every capability in the namespace. It fails, and the child should
 // exit, if the parent went away first.
@@ -236,12 +263,14 @@ func Wait(sig syscall.Signal) error {
 	if n, err := sync.Read(b); n != 1 || b[0] != wordMapped {
 		return fmt.Errorf("the parent did not write the user namespace's maps (%v)", err)
 	}
-	if os.Getgid() != 0 || os.Getegid() != 0 {
+	// A namespace that maps no id 0 (Gate) keeps the user's ids: its
+	// capabilities are the ambient ones the exec kept.
+	if mapsZero("/proc/self/gid_map") && (os.Getgid() != 0 || os.Getegid() != 0) {
 		if err := syscall.Setresgid(0, 0, 0); err != nil {
 			return fmt.Errorf("becoming gid 0 of the user namespace: %w", err)
 		}
 	}
-	if os.Getuid() != 0 || os.Geteuid() != 0 {
+	if mapsZero("/proc/self/uid_map") && (os.Getuid() != 0 || os.Geteuid() != 0) {
 		if err := syscall.Setresuid(0, 0, 0); err != nil {
 			return fmt.Errorf("becoming uid 0 of the user namespace: %w", err)
 		}
@@ -260,6 +289,32 @@ func Wait(sig syscall.Signal) error {
 		return fmt.Errorf("telling the parent the child is ready (the parent is gone?): %w", err)
 	}
 	return nil
+}
+
+// Inside reports whether this process runs in a user namespace other
+// than the host's, whose uid_map is the identity of every id.
+func Inside() bool {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return false
+	}
+	return strings.Join(strings.Fields(string(b)), " ") != "0 0 4294967295"
+}
+
+// mapsZero reports whether the map file (/proc/self/uid_map) maps
+// inside id 0.
+func mapsZero(file string) bool {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return true // as before maps were optional: Setresuid says what is wrong
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "0" {
+			return true
+		}
+	}
+	return false
 }
 
 // allCaps are the capability numbers this kernel has.
