@@ -3,6 +3,7 @@
 package lockdown
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
@@ -76,12 +77,44 @@ func refuseSharedMountNS() error {
 		return fmt.Errorf("lockdown: finding its parent: %w", err)
 	}
 	if err := unix.Stat(fmt.Sprintf("/proc/%d/ns/mnt", ppid), &parent); err != nil {
+		// A process in a user namespace of its own (rootless moat's gate)
+		// may not read the namespaces of its parent outside it. A mount
+		// namespace owned by the process's own user namespace is not the
+		// parent's then: the parent's belongs to an ancestor.
+		if errors.Is(err, unix.EACCES) && ownMountNS() {
+			return nil
+		}
 		return fmt.Errorf("lockdown: reading the mount namespace of parent %d: %w", ppid, err)
 	}
 	if self.Dev == parent.Dev && self.Ino == parent.Ino {
 		return fmt.Errorf("%w: the process shares its parent's mount namespace; start it with SysProcAttr.Cloneflags = CLONE_NEWNS", ErrConfig)
 	}
 	return nil
+}
+
+// ownMountNS reports whether this process's mount namespace belongs to
+// its user namespace and that is not the host's (whose uid_map is the
+// identity of every id).
+func ownMountNS() bool {
+	b, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil || strings.Join(strings.Fields(string(b)), " ") == "0 0 4294967295" {
+		return false
+	}
+	mnt, err := unix.Open("/proc/self/ns/mnt", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(mnt)
+	owner, err := unix.IoctlRetInt(mnt, unix.NS_GET_USERNS)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(owner)
+	var o, self unix.Stat_t
+	if unix.Fstat(owner, &o) != nil || unix.Stat("/proc/self/ns/user", &self) != nil {
+		return false
+	}
+	return o.Dev == self.Dev && o.Ino == self.Ino
 }
 
 // procPPid reads the parent's pid from /proc/self/status.
