@@ -60,7 +60,12 @@ const lockPath = "/run/moat/admission.lock"
 // checks admission and starts its sandbox's daemon, whose group then holds
 // the memory, before releasing it, so two `moat up` never both see room
 // that only one of them can have.
-func LockHost() (func(), error) {
+func LockHost() (func(), error) { return LockAt(lockPath) }
+
+// LockAt is LockHost with the lock at path: rootless moat cannot write
+// /run/moat, and takes its turn among the user's own sandboxes only (its
+// state dir's lock).
+func LockAt(lockPath string) (func(), error) {
 	if err := os.MkdirAll(filepath.Dir(lockPath), 0o755); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", filepath.Dir(lockPath), err)
 	}
