@@ -18,6 +18,18 @@ import (
 // mounted and a refusal reaches the user as the start's error.
 func PrepareDisk(p *Plan, log *slog.Logger) error {
 	img := filepath.Join(p.StateDir, disk.ImageName)
+	if os.Geteuid() != 0 {
+		// Rootless: an ext4 image needs a loop device, which is root's,
+		// and ext4 cannot be mounted in a user namespace.
+		if !p.DiskUnlimited && p.DiskFrom != "" {
+			return fmt.Errorf("sandbox.disk%s: a disk limit needs root (an ext4 image on a loop device); remove it or set disk = \"unlimited\" to run without sudo", from(p))
+		}
+		if _, err := os.Stat(img); err == nil {
+			return fmt.Errorf("this sandbox's writable layer is in a disk image (%s), which only root can mount; start it with sudo, or make a new sandbox (moat destroy, then moat up) to run without sudo", img)
+		}
+		p.Disk = false
+		return nil
+	}
 	if p.DiskUnlimited {
 		if _, err := os.Stat(img); err == nil {
 			return fmt.Errorf("sandbox.disk%s: \"unlimited\", but this sandbox's writable layer is already in its own disk image (%s); "+

@@ -83,6 +83,12 @@ type Plan struct {
 	// Disk: PrepareDisk made the image, and the shim mounts it on
 	// StateDir/disk to hold upper/, work/ and root/.
 	Disk bool `json:"disk,omitempty"`
+	// Rootless: the shim runs as root of a user namespace an ordinary
+	// user made (internal/userns), not as the host's root. Overlays then
+	// need userxattr, and what the shim and runsc leave in the state dir
+	// belongs to a subordinate id the daemon cannot remove. Set by the
+	// shim itself, from how it was started.
+	Rootless bool `json:"-"`
 }
 
 // Paths inside a sandbox's state dir. These names are on disk: frozen.

@@ -19,6 +19,7 @@ import (
 
 	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/resources"
+	"moat.dev/moat/internal/userns"
 )
 
 // ShimFD is the fd on which the shim sends the TAP fd to the daemon and
@@ -33,9 +34,28 @@ const ShimGo = 'g'
 // sandbox. It returns when the sandbox has exited, with an error unless it
 // exited cleanly.
 func Shim(planPath string) error {
+	// Started by an ordinary user's daemon in a user namespace: until
+	// its maps are written this process's uid is unmapped and can do
+	// nothing, not even read the plan.
+	rootless := os.Getenv(userns.SyncEnv) != ""
+	if rootless {
+		if err := userns.Wait(syscall.SIGKILL); err != nil {
+			return err
+		}
+	}
 	p, err := ReadPlan(planPath)
 	if err != nil {
 		return err
+	}
+	p.Rootless = rootless
+	if rootless {
+		// runsc's state of an earlier start belongs to the namespace's
+		// root (a subordinate id): the daemon, as the user, could not
+		// clear it, and a stale one makes `runsc run` fail.
+		os.RemoveAll(RunscRoot(p.StateDir))
+		if err := os.MkdirAll(RunscRoot(p.StateDir), 0o700); err != nil {
+			return fmt.Errorf("creating runsc's root: %w", err)
+		}
 	}
 	// Into the sandbox's cgroup before anything else, so that runsc's
 	// sandbox and gofer are born inside it.
@@ -209,7 +229,7 @@ func (p *Plan) mountRootfs() (string, []bindMount, error) {
 		for i, l := range p.Layers {
 			lower[len(p.Layers)-1-i] = l
 		}
-		if err := overlay(strings.Join(lower, ":"), filepath.Join(p.upper(), "root"), filepath.Join(p.work(), "root"), root); err != nil {
+		if err := overlay(strings.Join(lower, ":"), filepath.Join(p.upper(), "root"), filepath.Join(p.work(), "root"), root, p.Rootless); err != nil {
 			return "", nil, err
 		}
 		for _, d := range []string{"proc", "sys", "dev", "tmp", "run", ".moat", "home"} {
@@ -229,6 +249,11 @@ func (p *Plan) mountRootfs() (string, []bindMount, error) {
 	os.Chmod(filepath.Join(root, "var/tmp"), 0o1777)
 	os.Chmod(filepath.Join(root, "root"), 0o700)
 
+	if p.Rootless {
+		if err := copyUpForGuest(p.upper()); err != nil {
+			return "", nil, err
+		}
+	}
 	var mounts []bindMount
 	dirs := append([]string{}, hostDirs...)
 	for _, l := range hostLinks {
@@ -264,7 +289,7 @@ func (p *Plan) mountRootfs() (string, []bindMount, error) {
 			}
 		}
 		merged := filepath.Join(p.merged(), d)
-		if err := overlay("/"+d, upper, filepath.Join(p.work(), d), merged); err != nil {
+		if err := overlay("/"+d, upper, filepath.Join(p.work(), d), merged, p.Rootless); err != nil {
 			return "", nil, err
 		}
 		mounts = append(mounts, bindMount{Source: merged, Target: "/" + d, RW: true})
@@ -302,7 +327,11 @@ func hideSecrets(upper string) error {
 	return nil
 }
 
-func overlay(lower, upper, work, target string) error {
+// overlay mounts an overlay on target. In a user namespace (rootless) it
+// needs userxattr: the trusted.* attributes overlayfs keeps its opaque
+// directories in are root's only, and without the option removing a
+// lower directory fails with EIO.
+func overlay(lower, upper, work, target string, rootless bool) error {
 	for _, d := range []string{upper, work, target} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
@@ -312,6 +341,9 @@ func overlay(lower, upper, work, target string) error {
 	// EBUSY on some kernels; its content is scratch by definition.
 	os.RemoveAll(filepath.Join(work, "work"))
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if rootless {
+		opts += ",userxattr"
+	}
 	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
 		return fmt.Errorf("mounting overlay on %s (%s): %w", target, opts, err)
 	}
