@@ -42,6 +42,7 @@ import (
 	"moat.dev/moat/internal/sshagent"
 	"moat.dev/moat/internal/state"
 	"moat.dev/moat/internal/tlsca"
+	"moat.dev/moat/internal/userns"
 )
 
 // ReadyFD is the fd on which a daemon started by the CLI reports "ok" or the
@@ -385,7 +386,18 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 			Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
 			Pdeathsig:    syscall.SIGKILL,
 		}
-		err := cmd.Start()
+		// Rootless: in a user namespace mapping the user's subordinate
+		// ids (internal/userns), made first so that the PID, mount and
+		// network namespaces belong to it; the shim waits for its maps.
+		var err error
+		if os.Geteuid() != 0 {
+			var cfg *userns.Config
+			if cfg, err = userns.Current(userns.KeepIDs); err == nil {
+				err = cfg.Start(cmd)
+			}
+		} else {
+			err = cmd.Start()
+		}
 		theirs.Close()
 		logf.Close() // the shim's copy is the pipe's only writer now: its end is the log's
 		if err == nil {

@@ -29,6 +29,7 @@ import (
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/secret"
 	"moat.dev/moat/internal/state"
+	"moat.dev/moat/internal/userns"
 )
 
 // The keeper is the daemon's privileged process: it holds the lock, the
@@ -68,6 +69,12 @@ const (
 // record: the lowest uid of the range that no other sandbox holds and that
 // the host's passwd, group and subordinate ranges do not name.
 func (d *daemon) allocGateIDs() (gateIDs, error) {
+	// Rootless, the invoking user: the only ids it may become.
+	if os.Geteuid() != 0 {
+		uid := os.Getuid()
+		err := d.updateRecord(func(r *state.Record) error { r.GateUID = uid; return nil })
+		return gateIDs{uid, os.Getgid()}, err
+	}
 	rec, err := state.Load(d.o.Dir)
 	if err != nil {
 		return gateIDs{}, err
@@ -218,7 +225,19 @@ func (d *daemon) startGate(ids gateIDs, tapFD int) (*gateProc, error) {
 			Cloneflags: syscall.CLONE_NEWNS,
 			Pdeathsig:  syscall.SIGKILL,
 		}
-		err := cmd.Start()
+		// Rootless: lockdown needs capabilities over its mount
+		// namespace, which a user namespace gives; one that maps only
+		// the user's own ids, so the gate process stays the user
+		// throughout and drops the capabilities in lockdown.
+		var err error
+		if os.Geteuid() != 0 {
+			var cfg *userns.Config
+			if cfg, err = userns.Current(userns.KeepIDs); err == nil {
+				err = cfg.Gate(uint32(ids.UID), uint32(ids.GID)).Start(cmd)
+			}
+		} else {
+			err = cmd.Start()
+		}
 		theirs.Close()
 		outW.Close()
 		if err != nil {

@@ -26,6 +26,14 @@ func (d *daemon) startGroup() (func(), error) {
 	if d.o.Limits == nil {
 		return func() {}, nil
 	}
+	// Rootless where no cgroup can be written: no limits, said plainly
+	// (the CLI says it too); RLIMIT_NPROC in the guest needs none.
+	if why := resources.NoLimits(); why != "" {
+		d.log.Warn("no resource limits", "why", why)
+		d.o.Plan.PidsMax = d.o.Limits.PidsMax
+		d.o.Limits = nil
+		return func() {}, nil
+	}
 	g, err := resources.Create(d.o.Dir, *d.o.Limits)
 	if err != nil {
 		return nil, err
