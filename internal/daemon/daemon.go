@@ -139,7 +139,6 @@ type daemon struct {
 // Run is the daemon's main: it returns when the sandbox has stopped.
 func Run(o Options) error {
 	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
-	defer startProfile()()
 	err := d.run()
 	if err != nil && o.Ready != nil {
 		fmt.Fprintf(o.Ready, "error: %v\n", err)

@@ -141,7 +141,7 @@ func (d *daemon) runGate() error {
 	if err := d.updateRecord(func(r *state.Record) error { r.State = state.StateRunning; return nil }); err != nil {
 		return err
 	}
-	d.log.Info("sandbox running", "boot_ms", time.Since(d.rec.Started).Milliseconds())
+	d.log.Info("sandbox running", "boot_ms", time.Since(rec.Started).Milliseconds())
 	close(d.booted)
 	d.servingProcs()
 	go func() {

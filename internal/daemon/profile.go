@@ -5,9 +5,10 @@ import (
 	"runtime/pprof"
 )
 
-// ProfileEnv names a file the daemon writes a CPU profile of its whole
-// life to (go tool pprof reads it): for finding where the gate's time goes
-// under a benchmark. Unset: no profiling, no cost.
+// ProfileEnv names a file the gate process writes a CPU profile of its
+// whole life to (go tool pprof reads it): for finding where the gate's
+// time goes under a benchmark. It is created before the process locks
+// itself down. Unset: no profiling, no cost.
 const ProfileEnv = "MOAT_DAEMON_CPUPROFILE"
 
 // startProfile starts the CPU profile if asked; the returned function
