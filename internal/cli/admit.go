@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	"moat.dev/moat/internal/control"
@@ -29,7 +30,11 @@ func limitsOf(r *state.Record) resources.Limits {
 // release, which the caller calls once the new daemon has taken its place
 // among the running (admitted), or when its start has failed.
 func (e *env) admit(dir string) (release func(), err error) {
-	unlock, err := resources.LockHost()
+	lock := resources.LockHost
+	if rootless() {
+		lock = func() (func(), error) { return resources.LockAt(filepath.Join(e.dirs.State, "admission.lock")) }
+	}
+	unlock, err := lock()
 	if err != nil {
 		return nil, err
 	}

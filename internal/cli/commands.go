@@ -295,7 +295,7 @@ keeps the configuration it was made with; --reconfigure takes the files again.`,
 					return err
 				}
 				for _, d := range writableLayer {
-					if err := os.RemoveAll(filepath.Join(dir, d)); err != nil {
+					if err := e.removeAll(filepath.Join(dir, d)); err != nil {
 						return fmt.Errorf("discarding the writable layer: %w", err)
 					}
 				}
@@ -376,7 +376,7 @@ terminal moat asks first; elsewhere --yes is required.`,
 			if err := resources.RemoveStaleWait(dir); err != nil {
 				return fmt.Errorf("not destroyed: %w", err)
 			}
-			if err := os.RemoveAll(dir); err != nil {
+			if err := e.removeAll(dir); err != nil {
 				return fmt.Errorf("removing %s: %w", dir, err)
 			}
 			fmt.Fprintf(os.Stderr, "moat: destroyed %s\n", rec.Name)
@@ -532,6 +532,9 @@ gate's mode and its audit, warnings about its policy, and files the host runs
 				fmt.Fprintf(out, "platform:   gVisor on %s\n", le.Platform)
 			}
 			printResources(out, le.Resources)
+			if why := resources.NoLimits(); why != "" {
+				fmt.Fprintf(out, "limits:     none: %s\n", why)
+			}
 			printDisk(out, le.Disk)
 			printActivity(out, le.Activity, le.Gate)
 			for _, w := range le.Warnings {

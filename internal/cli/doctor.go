@@ -30,8 +30,13 @@ Exits 4 when something is missing.`,
 		RunE: func(c *cobra.Command, _ []string) error {
 			exe, _ := os.Executable()
 			runsc := runscPath(exe)
-			checks := []check{
-				{"running as root", func() (bool, string) { return os.Geteuid() == 0, "" }, "run moat with sudo"},
+			var checks []check
+			if rootless() {
+				checks = append(checks, rootlessChecks()...)
+			} else {
+				checks = append(checks, check{"running as root", func() (bool, string) { return true, "" }, "run moat with sudo"})
+			}
+			checks = append(checks, []check{
 				{"runsc (gVisor)", func() (bool, string) {
 					out, err := exec.Command(runsc, "--version").Output()
 					if err != nil {
@@ -49,8 +54,10 @@ Exits 4 when something is missing.`,
 					_, err := exec.LookPath("sudo")
 					return err == nil, ""
 				}, "apt-get install sudo"},
+			}...)
+			if !rootless() {
+				checks = append(checks, diskChecks()...)
 			}
-			checks = append(checks, diskChecks()...)
 			checks = append(checks, check{"gVisor platform", func() (bool, string) {
 				// Informational: auto falls back to systrap, which always works.
 				if k := runtime.HostKVM(); !k.Usable {
@@ -73,6 +80,12 @@ Exits 4 when something is missing.`,
 				fmt.Fprintln(c.OutOrStdout(), line)
 				if !ok {
 					fmt.Fprintln(c.OutOrStdout(), "     fix:", ch.fix)
+				}
+			}
+			if rootless() {
+				// What a sandbox lacks without root: never a failure.
+				for _, n := range rootlessNotes() {
+					fmt.Fprintf(c.OutOrStdout(), "note %s: %s\n", n.name, n.text)
 				}
 			}
 			if bad > 0 {

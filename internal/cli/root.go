@@ -10,6 +10,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"syscall"
 
 	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
@@ -19,6 +20,7 @@ import (
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/userns"
 )
 
 // Version is set at build time with -ldflags "-X moat.dev/moat/internal/cli.Version=...".
@@ -94,7 +96,20 @@ func Main(args []string) int {
 			if len(args) < 3 {
 				return ExitUsage
 			}
+			// Rootless, the keeper starts it in a user namespace
+			// (keeper.go): its maps first.
+			if os.Getenv(userns.SyncEnv) != "" {
+				if err := userns.Wait(syscall.SIGKILL); err != nil {
+					fmt.Fprintln(os.Stderr, "moat gate:", err)
+					return ExitError
+				}
+			}
 			return gateMain(args[2])
+		case removeRole:
+			if len(args) < 3 {
+				return ExitUsage
+			}
+			return removeMain(args[2])
 		}
 	}
 	root := newRoot()

@@ -22,8 +22,10 @@ import (
 	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
+	"moat.dev/moat/internal/userns"
 )
 
 // env is what every sandbox command needs: moat's directories and the
@@ -37,12 +39,22 @@ type env struct {
 	trustProject bool
 }
 
-// errNeedRoot explains why moat needs root and what to type instead.
-var errNeedRoot = errors.New("moat needs root: it creates a network namespace, a TAP device and overlay mounts for each sandbox, and starts gVisor's runsc; run it again with sudo (your user's uid/gid are kept for the sandbox's \"agent\" user)")
+// needRoot explains why moat without sudo cannot run here (cause: what
+// userns found missing) and what to type instead.
+func needRoot(cause error) error {
+	return withCode(ExitHost, fmt.Errorf("moat needs root, or a user namespace of its own for this user, which it cannot have: %w; "+
+		"fix that (moat doctor lists every check), or run it again with sudo (your user's uid/gid are kept for the sandbox's \"agent\" user)", cause))
+}
 
 func newEnv() (*env, error) {
-	if os.Geteuid() != 0 {
-		return nil, withCode(ExitHost, errNeedRoot)
+	// Without root, the sandbox runs in user namespaces that map the
+	// user's subordinate ids; refuse only when that cannot work.
+	// (Not in the gate process, which runs in one already, where the
+	// setuid helpers' owner is unmapped.)
+	if rootless() && !userns.Inside() {
+		if _, err := userns.Current(userns.KeepIDs); err != nil {
+			return nil, needRoot(err)
+		}
 	}
 	dirs, err := state.Resolve()
 	if err != nil {
@@ -338,6 +350,11 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	// session: on_up hooks and everything after them would miss VAR.
 	if _, err := withConfigEnv(rec, nil); err != nil {
 		return nil, err
+	}
+	// Said before anything else of the start: a sandbox without root
+	// may have no limits at all (admission still counts its own).
+	if why := resources.NoLimits(); why != "" {
+		fmt.Fprintf(os.Stderr, "moat: no resource limits: %s\n", why)
 	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
