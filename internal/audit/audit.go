@@ -82,9 +82,11 @@
 //	                     rule decided); the words are policy.Layer's; "interactive"
 //	                     when a watcher's answer that adds no rule let it through
 //	                     (rule "once" or "hour")
-//	reason       string  why, in words, above all for denials: "no rule", "blocked",
-//	                     "private address (loopback)", "no SNI", ... Free text for
-//	                     people; scripts should match verdict, rule and layer.
+//	reason       string  why, in words, above all for denials: "no rule allows it",
+//	                     "blocked by rule", "refused address class: loopback",
+//	                     "no SNI and no address rule allows 192.0.2.1", ... (the
+//	                     Reason constants and functions). For people; scripts
+//	                     should match verdict, rule and layer.
 //	upstream     string  the address actually dialed, ip:port (omitted if none was)
 //	bytes_up     int     bytes from the guest to the upstream
 //	bytes_down   int     bytes from the upstream to the guest
@@ -151,29 +153,48 @@ const (
 	WouldDeny Verdict = "would_deny"
 )
 
+// NameSource is where the gate got a record's name (its name_from). Its
+// words are frozen (the audit's JSON).
+type NameSource string
+
+// Name sources.
+const (
+	FromSNI  NameSource = "sni"  // the TLS ClientHello
+	FromHost NameSource = "host" // the HTTP Host header
+	FromDNS  NameSource = "dns"  // the DNS query itself
+	// FromPool: the private pool address the name was answered with.
+	FromPool NameSource = "pool"
+	// FromObserved: an earlier answer the gate gave the guest.
+	FromObserved NameSource = "observed"
+	// FromResolved: pre-resolved from an allow rule.
+	FromResolved NameSource = "resolved"
+	// FromGranted: bound by an interactive grant.
+	FromGranted NameSource = "granted"
+)
+
 // Record is one line of the audit log. The JSON names are frozen; see the
 // package documentation for what each field means.
 type Record struct {
-	Schema     int       `json:"schema"`
-	Time       time.Time `json:"time"`
-	Sandbox    string    `json:"sandbox"`
-	Proto      string    `json:"proto"`
-	Dst        string    `json:"dst"`
-	Name       string    `json:"name,omitempty"`
-	NameFrom   string    `json:"name_from,omitempty"`
-	Verdict    Verdict   `json:"verdict"`
-	Rule       string    `json:"rule,omitempty"`
-	Layer      string    `json:"layer,omitempty"`
-	Reason     string    `json:"reason,omitempty"`
-	Upstream   string    `json:"upstream,omitempty"`
-	BytesUp    int64     `json:"bytes_up"`
-	BytesDown  int64     `json:"bytes_down"`
-	DurationMS int64     `json:"duration_ms"`
-	Transforms []string  `json:"transforms,omitempty"`
-	Dropped    int64     `json:"dropped,omitempty"`
-	Method     string    `json:"method,omitempty"`
-	Path       string    `json:"path,omitempty"`
-	Status     int       `json:"status,omitempty"`
+	Schema     int        `json:"schema"`
+	Time       time.Time  `json:"time"`
+	Sandbox    string     `json:"sandbox"`
+	Proto      string     `json:"proto"`
+	Dst        string     `json:"dst"`
+	Name       string     `json:"name,omitempty"`
+	NameFrom   NameSource `json:"name_from,omitempty"`
+	Verdict    Verdict    `json:"verdict"`
+	Rule       string     `json:"rule,omitempty"`
+	Layer      string     `json:"layer,omitempty"`
+	Reason     Reason     `json:"reason,omitempty"`
+	Upstream   string     `json:"upstream,omitempty"`
+	BytesUp    int64      `json:"bytes_up"`
+	BytesDown  int64      `json:"bytes_down"`
+	DurationMS int64      `json:"duration_ms"`
+	Transforms []string   `json:"transforms,omitempty"`
+	Dropped    int64      `json:"dropped,omitempty"`
+	Method     string     `json:"method,omitempty"`
+	Path       string     `json:"path,omitempty"`
+	Status     int        `json:"status,omitempty"`
 	// Added with aggregation and split connection records; see the
 	// package documentation.
 	Count        int64            `json:"count,omitempty"`

@@ -105,7 +105,7 @@ func TestWholeRecordsOnFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	big := strings.Repeat("x", 10<<10) // a few records outlast the reserve
+	big := Reason(strings.Repeat("x", 10<<10)) // a few records outlast the reserve
 	l.Write(Record{Proto: "tcp", Dst: "198.51.100.1:443", Name: "before.test", Verdict: Allow})
 	waitWritten(t, l)
 	filler := testfs.Fill(t, dir)

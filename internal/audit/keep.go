@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -82,7 +81,7 @@ func denial(r Record) bool {
 // tracked set's bound keeps varied reasons from flooding the kept series.
 func destKey(r Record) string {
 	dest, _ := ledgerDest(r)
-	return r.Proto + " " + dest + " " + r.Method + " " + r.Path + " " + r.Reason
+	return r.Proto + " " + dest + " " + r.Method + " " + r.Path + " " + string(r.Reason)
 }
 
 // route files r. Everything but a denial is kept. A destination's first
@@ -173,7 +172,7 @@ func (s *sorter) flush(now time.Time) (noise []Record, kept []Record) {
 	if s.beyond > 0 {
 		kept = append(kept, Record{Schema: Schema, Time: s.start.UTC(), Last: now.UTC(), Sandbox: s.beyondSB,
 			Verdict: Deny, Count: s.beyond,
-			Reason: fmt.Sprintf("denials of more destinations than the %d the audit counts one by one in an interval", s.max)})
+			Reason: BeyondTracked(s.max)})
 	}
 	clear(s.agg)
 	s.aggOrder = s.aggOrder[:0]

@@ -42,7 +42,7 @@ type Entry struct {
 	First  time.Time `json:"first"`
 	Last   time.Time `json:"last"`
 	Rule   string    `json:"rule,omitempty"`   // of the latest denial
-	Reason string    `json:"reason,omitempty"` // of the latest denial
+	Reason Reason    `json:"reason,omitempty"` // of the latest denial
 	Proto  string    `json:"proto"`
 	Layer  string    `json:"layer,omitempty"` // of Rule
 }
@@ -52,11 +52,11 @@ type Entry struct {
 // with its layer, and the reason. A rule alone would mislead where
 // something else refused what the rule allowed (plain HTTP to a host a
 // secret is bound to, an address class, a missing CA).
-func Why(layer, rule, reason string) string {
+func Why(layer, rule string, reason Reason) string {
 	if rule == "" {
-		return reason
+		return string(reason)
 	}
-	return strings.TrimSpace(layer + " " + rule + " " + reason)
+	return strings.TrimSpace(layer + " " + rule + " " + string(reason))
 }
 
 // NewLedger returns an empty ledger that holds at most max destinations.

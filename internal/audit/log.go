@@ -560,7 +560,7 @@ func (l *Log) dropFile(name, why string) {
 		return
 	}
 	l.notices = append(l.notices, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: l.sb, Verdict: Dropped,
-		Reason: fmt.Sprintf("deleted %s (%d records) for the audit's %s", filepath.Base(name), n, why), Dropped: n, DroppedKinds: kinds})
+		Reason: DeletedFile(filepath.Base(name), n, why), Dropped: n, DroppedKinds: kinds})
 }
 
 // kindOf is a record's kind in a dropped record's dropped_kinds.
@@ -597,7 +597,7 @@ func (l *Log) flush() {
 		l.unwritten = 0
 		l.log.Warn("audit records were lost while the log could not be written", "lost", n, "why", l.lostWhy)
 		l.put(l.kept, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: l.sb, Verdict: Dropped, Dropped: n,
-			Reason: fmt.Sprintf("%d records could not be written: %s", n, l.lostWhy)})
+			Reason: Unwritten(n, l.lostWhy)})
 		l.flushSeries(l.kept)
 		l.flushSeries(l.noise)
 	}
@@ -651,7 +651,7 @@ func (l *Log) writeDropped() {
 		l.log.Warn("audit records were dropped: the gate decided faster than they could be written", "lost", n, "lost_since_start", l.lost.Load())
 	}
 	l.put(l.kept, Record{Schema: Schema, Time: l.o.now().UTC(), Sandbox: sb, Verdict: Dropped,
-		Reason: fmt.Sprintf("audit queue full: %d records lost", n), Dropped: n})
+		Reason: QueueFull(n), Dropped: n})
 }
 
 func (l *Log) fail(err error) {

@@ -6,7 +6,6 @@ import (
 	"io"
 	"net/netip"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -71,7 +70,7 @@ func refusalWhy(en audit.Entry) string {
 	if why := audit.Why(en.Layer, en.Rule, en.Reason); why != "" {
 		return why
 	}
-	return "no rule allows it"
+	return string(audit.ReasonNoRule)
 }
 
 // allowHint is the command that allows en, or what to do instead when no
@@ -84,7 +83,7 @@ func allowHint(name string, en audit.Entry) string {
 		return "remove that block: moat network list " + name
 	case en.Proto == "http":
 		return "a request rule allows it: moat network suggest " + name
-	case en.Reason != "" && !strings.HasPrefix(en.Reason, "no rule"):
+	case en.Reason != "" && !en.Reason.Is(audit.ReasonNoRule):
 		return ""
 	}
 	if en.Proto != "tcp" { // the gate carries no other protocol

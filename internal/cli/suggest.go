@@ -102,10 +102,10 @@ func suggest(recs []audit.Record) suggestion {
 			continue // DNS denials are followed by the connection's record; UDP stays off
 		}
 		switch {
-		case r.Reason == "blocked by rule" && r.Rule != "":
+		case r.Reason == audit.ReasonBlocked && r.Rule != "":
 			notes[fmt.Sprintf("%s: blocked by %s rule %q; remove that block to allow it", dest(r), r.Layer, r.Rule)] = true
 			continue
-		case r.Reason != "no rule allows it" && !strings.HasPrefix(r.Reason, "held for a watcher") && r.Reason != "denied by a watcher":
+		case r.Reason != audit.ReasonNoRule && !r.Reason.Is(audit.ReasonHeld) && r.Reason != audit.ReasonWatcherDenied:
 			notes[fmt.Sprintf("%s: %s", dest(r), r.Reason)] = true
 			continue
 		}

@@ -9,9 +9,9 @@ import (
 
 func TestSuggest(t *testing.T) {
 	rec := func(proto, verdict, dst, name, reason string) audit.Record {
-		return audit.Record{Proto: proto, Verdict: audit.Verdict(verdict), Dst: dst, Name: name, Reason: reason}
+		return audit.Record{Proto: proto, Verdict: audit.Verdict(verdict), Dst: dst, Name: name, Reason: audit.Reason(reason)}
 	}
-	none := "no rule allows it"
+	const none = "no rule allows it"
 	recs := []audit.Record{
 		rec("tcp", "would_deny", "198.18.0.4:443", "api.example.com", none),
 		rec("tcp", "would_deny", "198.18.0.4:443", "api.example.com", none),

@@ -290,7 +290,7 @@ func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
 		return true
 	}
 	f.audit(audit.Record{Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Deny,
-		Reason: fmt.Sprintf("gateway port %d is not a reverse forward (open it with: moat forward add --reverse %s %d)", port, filepath.Base(f.d.o.Dir), port)})
+		Reason: audit.NotReverseForward(port, filepath.Base(f.d.o.Dir))})
 	return false
 }
 
@@ -308,11 +308,11 @@ func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Con
 	upstream := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), hostPort)
 	rec := audit.Record{Time: start, Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Allow,
 		Rule:   "reverse " + forward.Entry{Reverse: true, Forward: state.Forward{Host: hostPort, Guest: port}}.Spec(),
-		Reason: "reverse forward", Upstream: upstream.String()}
+		Reason: audit.ReasonReverseForward, Upstream: upstream.String()}
 	dialer := net.Dialer{Timeout: forwardDialTimeout}
 	h, err := dialer.DialContext(f.ctx, "tcp4", upstream.String())
 	if err != nil {
-		rec.Reason = "reverse forward: the host's port did not answer: " + err.Error()
+		rec.Reason = audit.ReverseForwardFailed(err)
 		f.audit(rec)
 		return
 	}

@@ -154,9 +154,9 @@ func (d *daemon) handleWatch(w http.ResponseWriter, r *http.Request) {
 	defer d.net.hub.remove(sub)
 	holds := d.net.holds
 	pending, detach := holds.Watch(func(e gate.HoldEvent) {
-		ev := control.Event{Schema: control.Schema, Type: e.Kind, Sandbox: d.name(), Time: time.Now().UTC(), Hold: d.holdOf(e.Pending)}
-		if e.Kind == "resolved" {
-			ev.Answer, ev.By = e.Outcome.Answer, e.Outcome.By
+		ev := control.Event{Schema: control.Schema, Type: string(e.Kind), Sandbox: d.name(), Time: time.Now().UTC(), Hold: d.holdOf(e.Pending)}
+		if e.Kind == gate.HoldResolved {
+			ev.Answer, ev.By = e.Outcome.Answer, string(e.Outcome.By)
 		}
 		sub.send(ev)
 	})
@@ -249,7 +249,7 @@ func (d *daemon) handleAnswer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := d.applyAnswer(p, a)
-	out := gate.Outcome{Answer: a.Answer, By: "watcher"}
+	out := gate.Outcome{Answer: a.Answer, By: gate.ByWatcher}
 	out.Allow = err == nil && a.Answer != control.AnswerDeny && a.Answer != control.AnswerBlock
 	// The rule is in force before the held connections go on, so they
 	// and the ones after them are decided alike.
@@ -367,7 +367,7 @@ func (n *network) grantRules() []policy.Rule {
 // own binary; a lookup that fails or is slow leaves the hold as it is.
 func (d *daemon) annotateHolds() {
 	d.net.holds.Subscribe(func(e gate.HoldEvent) {
-		if e.Kind != "hold" || !e.Pending.Q.Src.IsValid() || d.proxy == nil {
+		if e.Kind != gate.HoldNew || !e.Pending.Q.Src.IsValid() || d.proxy == nil {
 			return
 		}
 		p := e.Pending

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -110,13 +109,13 @@ func TestSettlingThenAuditLogFailing(t *testing.T) {
 	// Refused by settle for the log, not let through and then refused at
 	// the dial (the upstream's loopback class, closed with no policy):
 	// an upstream of an ordinary class would have been dialed.
-	var reason string
+	var reason audit.Reason
 	for _, e := range f.ledger.Entries() {
 		if e.Name == "undecided.test" {
 			reason = e.Reason
 		}
 	}
-	if !strings.Contains(reason, "audit log cannot be written") {
+	if !reason.Is(audit.ReasonUnrecorded) {
 		t.Errorf("the flow's latest denial says %q; want it refused for the audit log", reason)
 	}
 	os.Remove(filler)

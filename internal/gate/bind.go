@@ -6,17 +6,20 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"moat.dev/moat/internal/audit"
 )
 
-// Binding sources. They are written to audit records as the place a
-// connection's name came from: frozen.
+// Binding sources: the name sources of the audit that a binding can
+// have. They are written to audit records as the place a connection's
+// name came from.
 const (
 	// SourceObserved: the gate gave this answer to the guest's own query.
-	SourceObserved = "observed"
+	SourceObserved = audit.FromObserved
 	// SourceResolved: pre-resolved from an allow rule.
-	SourceResolved = "resolved"
+	SourceResolved = audit.FromResolved
 	// SourceGranted: bound by a runtime grant.
-	SourceGranted = "granted"
+	SourceGranted = audit.FromGranted
 )
 
 const (
@@ -41,7 +44,7 @@ const (
 // Binding is one name bound to an address.
 type Binding struct {
 	Name   string
-	Source string
+	Source audit.NameSource
 	Until  time.Time
 }
 
@@ -81,7 +84,7 @@ func NewBindings(now func() time.Time) *Bindings {
 // that exists (same name, address and source) refreshes it: it becomes the
 // most recent, and its lifetime is extended, never shortened, since the
 // guest may still hold the earlier answer.
-func (b *Bindings) Add(name string, addrs []netip.Addr, source string, until time.Time) {
+func (b *Bindings) Add(name string, addrs []netip.Addr, source audit.NameSource, until time.Time) {
 	name = poolKey(name)
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -107,7 +110,7 @@ func (b *Bindings) Add(name string, addrs []netip.Addr, source string, until tim
 	}
 }
 
-func (b *Bindings) add(a netip.Addr, name, source string, until time.Time) {
+func (b *Bindings) add(a netip.Addr, name string, source audit.NameSource, until time.Time) {
 	els := b.byAddr[a]
 	for i, el := range els {
 		e := el.Value.(*bindEntry)

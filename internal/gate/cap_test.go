@@ -41,8 +41,8 @@ func TestMaxConnectionsRefusesBeyondTheLimit(t *testing.T) {
 	<-held[1].done
 	var found bool
 	for _, r := range f.records(t) {
-		if r.Verdict == "deny" && strings.Contains(r.Reason, "max_connections") {
-			if !strings.Contains(r.Reason, "2") {
+		if r.Verdict == "deny" && strings.Contains(string(r.Reason), "max_connections") {
+			if !strings.Contains(string(r.Reason), "2") {
 				t.Errorf("the refusal's reason %q does not say the limit", r.Reason)
 			}
 			found = true

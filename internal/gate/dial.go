@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"strings"
 	"syscall"
+
+	"moat.dev/moat/internal/audit"
 )
 
 // dialError says why no upstream could be reached. refusedClass is set when
@@ -58,7 +60,7 @@ func (g *Gate) dialTarget(ctx context.Context, tg target, t *tcpTrace) (net.Conn
 	var lastErr error
 	for _, a := range addrs {
 		if class, sp := g.special(a, tg.port); sp {
-			refused = append(refused, a.String()+" "+class)
+			refused = append(refused, a.String()+" "+string(class))
 			continue
 		}
 		c, err := g.dialer(tg.port).DialContext(ctx, "tcp4", netip.AddrPortFrom(a, tg.port).String())
@@ -74,7 +76,7 @@ func (g *Gate) dialTarget(ctx context.Context, tg target, t *tcpTrace) (net.Conn
 	if len(refused) > 0 {
 		de.refusedClass = strings.Join(refused, ", ")
 		if lastErr == nil {
-			t.rec.Reason = "refused address class"
+			t.rec.Reason = audit.ReasonRefusedClass
 		}
 	}
 	if de.err == nil && de.refusedClass == "" {

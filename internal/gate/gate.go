@@ -224,9 +224,7 @@ func (g *Gate) livePolicy() *policy.Policy {
 
 // unrecordedReason is the reason a flow is refused for while the audit
 // log fails (err is why it fails).
-func unrecordedReason(err error) string {
-	return "the audit log cannot be written (" + err.Error() + "): nothing goes through unrecorded"
-}
+func unrecordedReason(err error) audit.Reason { return audit.Unrecorded(err) }
 
 // unaudited is why decisions cannot be recorded now, or nil.
 func (g *Gate) unaudited() error {
@@ -290,7 +288,7 @@ func (g *Gate) host() []netip.Addr {
 // special reports whether ip may not be dialed: it is in a refused class
 // and no explicit address rule opens it. The returned reason names the
 // class for the audit line.
-func (g *Gate) special(ip netip.Addr, port uint16) (string, bool) {
+func (g *Gate) special(ip netip.Addr, port uint16) (policy.AddrClass, bool) {
 	class, sp := policy.Special(ip, g.host())
 	if !sp {
 		return "", false
@@ -347,13 +345,13 @@ func (g *Gate) auditEnd(t *tcpTrace) {
 }
 
 func (g *Gate) auditDNS(e DNSEvent) {
-	r := audit.Record{Proto: "dns", Dst: "gateway:53", Name: e.Name, NameFrom: "dns",
-		Verdict: e.Verdict, Rule: e.Rule, Layer: e.Layer, Reason: e.QType}
+	r := audit.Record{Proto: "dns", Dst: "gateway:53", Name: e.Name, NameFrom: audit.FromDNS,
+		Verdict: e.Verdict, Rule: e.Rule, Layer: e.Layer, Reason: audit.DNSAnswered(e.QType)}
 	if e.Pool {
-		r.Reason = e.QType + ": answered from the private pool, not sent upstream"
+		r.Reason = audit.DNSPooled(e.QType)
 	}
 	if e.Err != "" {
-		r.Reason = e.QType + ": " + e.Err
+		r.Reason = audit.DNSFailed(e.QType, e.Err)
 	}
 	if e.Verdict == audit.Deny {
 		// A denied name is a denial worth counting only once it is
@@ -385,8 +383,8 @@ func (g *Gate) Refuses(dst netip.AddrPort) bool {
 // specialRecord is the denial of a destination in a refused address
 // class, naming the name the guest looked up for it if there is one (an
 // allowed name that resolves to a metadata address, say).
-func (g *Gate) specialRecord(proto string, dst netip.AddrPort, class string) audit.Record {
-	r := g.denyRecord(proto, dst, "refused address class: "+class)
+func (g *Gate) specialRecord(proto string, dst netip.AddrPort, class policy.AddrClass) audit.Record {
+	r := g.denyRecord(proto, dst, audit.RefusedClass(string(class)))
 	if names := g.namesOf(dst.Addr()); len(names) > 0 {
 		r.Name, r.NameFrom = names[0].Name, names[0].Source
 	}
@@ -395,7 +393,7 @@ func (g *Gate) specialRecord(proto string, dst netip.AddrPort, class string) aud
 
 // DenyDatagram audits a UDP datagram the front end drops (anything but DNS
 // to the gateway: QUIC, DNS to a public resolver, plain UDP).
-func (g *Gate) DenyDatagram(dst netip.AddrPort, reason string) {
+func (g *Gate) DenyDatagram(dst netip.AddrPort, reason audit.Reason) {
 	g.audit(g.denyRecord("udp", dst, reason))
 }
 
@@ -406,7 +404,7 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 	names := g.namesOf(dst)
 	ok := false
 	if class, sp := g.special(dst, 0); sp && !InPool(dst) {
-		rec.Reason = "refused address class: " + class
+		rec.Reason = audit.RefusedClass(string(class))
 	} else {
 		for _, n := range names {
 			d := g.decideName(n.Name, 0)
@@ -428,7 +426,7 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 	} else {
 		rec.Verdict = audit.Deny
 		if rec.Reason == "" {
-			rec.Reason = "no rule allows it"
+			rec.Reason = audit.ReasonNoRule
 		}
 		if len(names) > 0 {
 			rec.Name, rec.NameFrom = names[0].Name, names[0].Source
@@ -439,13 +437,16 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 }
 
 // boundName is a name the gate connects to an address, and why.
-type boundName struct{ Name, Source string }
+type boundName struct {
+	Name   string
+	Source audit.NameSource
+}
 
 // namesOf lists the names bound to ip: the pool's, then live bindings.
 func (g *Gate) namesOf(ip netip.Addr) []boundName {
 	var out []boundName
 	if n, ok := g.pool.Name(ip); ok {
-		out = append(out, boundName{n, "pool"})
+		out = append(out, boundName{n, audit.FromPool})
 	}
 	for _, b := range g.binds.Names(ip) {
 		out = append(out, boundName{b.Name, b.Source})
@@ -453,7 +454,7 @@ func (g *Gate) namesOf(ip netip.Addr) []boundName {
 	return out
 }
 
-func (g *Gate) denyRecord(proto string, dst netip.AddrPort, reason string) audit.Record {
+func (g *Gate) denyRecord(proto string, dst netip.AddrPort, reason audit.Reason) audit.Record {
 	return audit.Record{Proto: proto, Dst: dst.String(), Verdict: audit.Deny, Reason: reason}
 }
 
@@ -492,7 +493,7 @@ func (g *Gate) Preresolve(ctx context.Context) {
 			if err != nil || len(addrs) == 0 {
 				return
 			}
-			g.binds.Add(n, addrs, "resolved", g.o.Now().Add(max(ttl, preresolveEvery)+time.Minute))
+			g.binds.Add(n, addrs, SourceResolved, g.o.Now().Add(max(ttl, preresolveEvery)+time.Minute))
 		}()
 	}
 	wg.Wait()

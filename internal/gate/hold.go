@@ -63,10 +63,33 @@ func (q Question) Key() string {
 
 // Outcome is how a hold ended.
 type Outcome struct {
-	Allow  bool
-	Answer string // once, run, always, hour, deny, block; "" when By is not "watcher"
-	By     string // watcher | timeout | overflow | closed | rule
+	Allow bool
+	// Answer is the watcher's answer, a control.Answer* word (once, run,
+	// always, deny, block), when By is ByWatcher; AnswerHour when By is
+	// ByRule; "" otherwise. The gate names it in the audit record and
+	// decides nothing by it.
+	Answer string
+	By     EndedBy
 }
+
+// EndedBy says what ended a hold, or why a connection was not held. The
+// words are the watch API's "by" (control.Event): frozen.
+type EndedBy string
+
+// What ends a hold.
+const (
+	ByWatcher  EndedBy = "watcher"  // a watcher answered (Outcome.Answer)
+	ByTimeout  EndedBy = "timeout"  // nobody answered in time
+	ByOverflow EndedBy = "overflow" // not held: Max destinations already wait
+	ByClosed   EndedBy = "closed"   // every watcher left, or the connection gave up
+	ByRule     EndedBy = "rule"     // not held: "allow everything for an hour" lasts
+	ByNone     EndedBy = "none"     // not held: no watcher, plain default deny
+)
+
+// AnswerHour is the Answer of a connection let through while "allow
+// everything for an hour" lasts: control.AnswerHour (the gate does not
+// depend on the control API; a test holds the two equal).
+const AnswerHour = "hour"
 
 // Pending is a hold as watchers see it.
 type Pending struct {
@@ -81,10 +104,21 @@ type Pending struct {
 // HoldEvent is what Holds tells its subscribers: a new hold, a hold that
 // another connection joined, or a hold that ended.
 type HoldEvent struct {
-	Kind    string // "hold", "hold+", "resolved"
+	Kind    HoldEventKind
 	Pending Pending
-	Outcome Outcome // resolved
+	Outcome Outcome // HoldResolved
 }
+
+// HoldEventKind is what a HoldEvent tells. The words are the watch API's
+// event types (control.EventHold, EventHoldMore, EventResolved): frozen.
+type HoldEventKind string
+
+// Hold events.
+const (
+	HoldNew      HoldEventKind = "hold"     // a destination is held
+	HoldJoined   HoldEventKind = "hold+"    // another connection joined it, or its process is known
+	HoldResolved HoldEventKind = "resolved" // it ended (Outcome)
+)
 
 type hold struct {
 	p    Pending
@@ -174,7 +208,7 @@ func (h *Holds) Watch(fn func(HoldEvent)) (pending []Pending, detach func()) {
 			delete(h.subs, id)
 			if h.watchers == 0 {
 				for _, x := range h.byID {
-					h.finishLocked(x, Outcome{By: "closed"})
+					h.finishLocked(x, Outcome{By: ByClosed})
 				}
 			}
 		})
@@ -236,26 +270,26 @@ func (h *Holds) Open() bool {
 
 // Ask holds a connection to q until a watcher answers, the hold times
 // out, every watcher leaves or ctx ends. Without a watcher it returns at
-// once, refused (By "none"), which is plain default deny.
+// once, refused (ByNone), which is plain default deny.
 func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 	h.mu.Lock()
 	if q.Kind == "" && h.now().Before(h.openTill) {
 		// "Everything for an hour" is about connections, not signatures.
 		h.mu.Unlock()
-		return Outcome{Allow: true, Answer: "hour", By: "rule"}
+		return Outcome{Allow: true, Answer: AnswerHour, By: ByRule}
 	}
 	if h.watchers == 0 {
 		h.mu.Unlock()
-		return Outcome{By: "none"}
+		return Outcome{By: ByNone}
 	}
 	x, ok := h.byKey[q.Key()]
 	switch {
 	case ok:
 		x.p.Count++
-		h.emitLocked(HoldEvent{Kind: "hold+", Pending: x.p})
+		h.emitLocked(HoldEvent{Kind: HoldJoined, Pending: x.p})
 	case len(h.byKey) >= h.max:
 		h.mu.Unlock()
-		return Outcome{By: "overflow"}
+		return Outcome{By: ByOverflow}
 	default:
 		h.seq++
 		now := h.now()
@@ -264,7 +298,7 @@ func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 		h.byKey[q.Key()], h.byID[x.p.ID] = x, x
 		id := x.p.ID
 		x.stop = h.after(h.timeout, func() { h.expire(id) })
-		h.emitLocked(HoldEvent{Kind: "hold", Pending: x.p})
+		h.emitLocked(HoldEvent{Kind: HoldNew, Pending: x.p})
 	}
 	h.mu.Unlock()
 	select {
@@ -273,18 +307,18 @@ func (h *Holds) Ask(ctx context.Context, q Question) Outcome {
 	case <-ctx.Done():
 		// This connection gave up (the daemon stops); the hold stays for
 		// the others waiting on it.
-		return Outcome{By: "closed"}
+		return Outcome{By: ByClosed}
 	}
 }
 
 // Annotate records which guest process a pending hold's first connection
-// came from, and tells the watchers ("hold+").
+// came from, and tells the watchers (HoldJoined).
 func (h *Holds) Annotate(id, process string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if x, ok := h.byID[id]; ok && process != "" {
 		x.p.Process = process
-		h.emitLocked(HoldEvent{Kind: "hold+", Pending: x.p})
+		h.emitLocked(HoldEvent{Kind: HoldJoined, Pending: x.p})
 	}
 }
 
@@ -292,7 +326,7 @@ func (h *Holds) expire(id string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if x, ok := h.byID[id]; ok {
-		h.finishLocked(x, Outcome{By: "timeout"})
+		h.finishLocked(x, Outcome{By: ByTimeout})
 	}
 }
 
@@ -328,7 +362,7 @@ func (h *Holds) Finish(id string, out Outcome) {
 	delete(h.taken, id)
 	x.out = out
 	close(x.done)
-	h.emitLocked(HoldEvent{Kind: "resolved", Pending: x.p, Outcome: out})
+	h.emitLocked(HoldEvent{Kind: HoldResolved, Pending: x.p, Outcome: out})
 }
 
 func (h *Holds) finishLocked(x *hold, out Outcome) {
@@ -339,7 +373,7 @@ func (h *Holds) finishLocked(x *hold, out Outcome) {
 	}
 	x.out = out
 	close(x.done)
-	h.emitLocked(HoldEvent{Kind: "resolved", Pending: x.p, Outcome: out})
+	h.emitLocked(HoldEvent{Kind: HoldResolved, Pending: x.p, Outcome: out})
 }
 
 func (h *Holds) emitLocked(e HoldEvent) {

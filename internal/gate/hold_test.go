@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"moat.dev/moat/internal/audit"
 )
 
 // manualTimers is an injectable clock for Holds: timeouts fire when the
@@ -83,7 +85,7 @@ func (e *events) kinds() string {
 	defer e.mu.Unlock()
 	var k []string
 	for _, ev := range e.ev {
-		k = append(k, ev.Kind)
+		k = append(k, string(ev.Kind))
 	}
 	return strings.Join(k, " ")
 }
@@ -303,7 +305,7 @@ func TestGateReportMode(t *testing.T) {
 		<-r.done
 	}
 	recs := f.records(t)
-	want := map[string]string{"new.test": "no rule allows it", "blocked.test": "blocked by rule"}
+	want := map[string]audit.Reason{"new.test": "no rule allows it", "blocked.test": "blocked by rule"}
 	for _, r := range recs {
 		if r.Verdict != "would_deny" || r.Reason != want[r.Name] || r.Upstream == "" {
 			t.Errorf("record %+v: want would_deny, reason %q, dialed", r, want[r.Name])

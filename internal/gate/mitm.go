@@ -100,10 +100,6 @@ const maxRequests = 4096
 
 var requests atomic.Int64
 
-// reasonFronting starts the reason of a request whose Host names another
-// host than the TLS connection's SNI (threat model 11).
-const reasonFronting = "the request names another host than its TLS connection"
-
 // Timeouts of the intercepted path. None applies to bodies: a download,
 // an upload, a WebSocket or an event stream may last hours.
 const (
@@ -299,10 +295,10 @@ func (g *Gate) intercept(ctx context.Context, c net.Conn, head []byte, tg target
 	}
 	gc := newGuestConn(c, head, ic)
 	t.rec.Verdict = t.verdict()
-	t.rec.Reason = "TLS terminated by the gate: " + why
+	t.rec.Reason = audit.TLSTerminated(why)
 	g.auditStart(t)
 	if err := g.serveGuest(ctx, gc, 0); err != nil {
-		t.rec.Reason = "TLS handshake with the guest: " + err.Error()
+		t.rec.Reason = audit.GuestHandshake(err)
 	} else {
 		ic.wait()
 	}
@@ -395,7 +391,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	defer ic.end()
 	creds := g.o.Credentials
 	rs := &reqState{ic: ic, rec: audit.Record{
-		Time: g.o.Now().UTC(), Proto: "http", Dst: ic.dst.String(), Name: ic.name, NameFrom: "sni",
+		Time: g.o.Now().UTC(), Proto: "http", Dst: ic.dst.String(), Name: ic.name, NameFrom: audit.FromSNI,
 		Method: clip(r.Method, 32), Path: auditPath(r.URL.EscapedPath(), creds)}}
 	start := g.o.Now()
 	rec := &rs.rec
@@ -406,7 +402,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	}
 	// refuse answers with the page; byRule says the policy refused this
 	// request (request rules), so the page offers a request rule.
-	refuse := func(reason string, byRule bool) {
+	refuse := func(reason audit.Reason, byRule bool) {
 		rec.Verdict, rec.Reason = audit.Deny, reason
 		rf := g.refusalFor(ic.name, ic.port, *rec, byRule)
 		rf.serve(w)
@@ -415,7 +411,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 
 	if n := requests.Add(1); n > maxRequests {
 		requests.Add(-1)
-		rec.Verdict, rec.Reason = audit.Deny, "too many requests in flight"
+		rec.Verdict, rec.Reason = audit.Deny, audit.ReasonTooManyRequests
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "moat: too many requests in flight through the gate; retry", http.StatusServiceUnavailable)
 		done(http.StatusServiceUnavailable)
@@ -423,15 +419,15 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	}
 	defer requests.Add(-1)
 	if host, ok := sameHost(r.Host, ic.name); !ok {
-		refuse(fmt.Sprintf("%s: Host %q, SNI %q", reasonFronting, clip(host, 256), ic.name), false)
+		refuse(audit.Fronting(clip(host, 256), ic.name), false)
 		return
 	}
 	d := g.decideRequest(ic, r)
 	rec.Rule, rec.Layer = ruleOf(d)
 	if d.Verdict != policy.Allow {
-		reason := "no rule allows it"
+		reason := audit.ReasonNoRule
 		if d.Rule != nil {
-			reason = "blocked by rule"
+			reason = audit.ReasonBlocked
 		}
 		switch {
 		case g.report.Load():
@@ -448,7 +444,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			// The rule that allowed the host did not decide this.
 			rec.Rule, rec.Layer = "", ""
-			refuse(creds.ScrubString(err.Error()), false)
+			refuse(audit.Reason(creds.ScrubString(err.Error())), false)
 			return
 		}
 		rec.Transforms = applied
@@ -697,7 +693,7 @@ func (g *Gate) upstreamFailed(w http.ResponseWriter, r *http.Request, err error)
 		msg = g.o.Credentials.ScrubString(msg)
 	}
 	if rs != nil {
-		rs.rec.Reason = "upstream: " + msg
+		rs.rec.Reason = audit.Upstream(msg)
 		if rs.rec.Verdict == "" {
 			rs.rec.Verdict = audit.Allow
 		}
@@ -881,7 +877,7 @@ func (g *Gate) plainRequestAllowed(req peek.Request, dst netip.AddrPort, t *tcpT
 		return true
 	}
 	if creds != nil && creds.Bound(req.Host) {
-		t.rec.Reason = "secrets bound to this host are only sent over TLS"
+		t.rec.Reason = audit.ReasonSecretInClear
 		return false
 	}
 	if !t.dec.Inspect {
@@ -896,9 +892,9 @@ func (g *Gate) plainRequestAllowed(req peek.Request, dst netip.AddrPort, t *tcpT
 	if d.Verdict == policy.Allow {
 		return true
 	}
-	reason := "no rule allows it"
+	reason := audit.ReasonNoRule
 	if d.Rule != nil {
-		reason = "blocked by rule"
+		reason = audit.ReasonBlocked
 	}
 	switch {
 	case g.report.Load():

@@ -138,7 +138,7 @@ func TestInterceptScrubsTrailersAnd1xx(t *testing.T) {
 	}
 	var dropped int
 	for _, r := range byProto(f.done(t), "http") {
-		if strings.Contains(r.Reason, "cannot read to scrub") {
+		if strings.Contains(string(r.Reason), "cannot read to scrub") {
 			dropped++
 		}
 	}

@@ -398,7 +398,7 @@ func TestInterceptSpeaksHTTP1AndHTTP2(t *testing.T) {
 		}
 	}
 	conns := byProto(recs, "tcp")
-	if len(conns) != 2 || conns[0].Verdict != "allow" || !strings.Contains(conns[0].Reason, "inspect = true") || conns[0].BytesDown == 0 {
+	if len(conns) != 2 || conns[0].Verdict != "allow" || !strings.Contains(string(conns[0].Reason), "inspect = true") || conns[0].BytesDown == 0 {
 		t.Errorf("connection records %+v", conns)
 	}
 }
@@ -417,7 +417,7 @@ func TestInterceptWithHostRootsRefusesAnUnknownIssuer(t *testing.T) {
 		t.Fatalf("got %d %q, want 502 naming the upstream's certificate", resp.StatusCode, body)
 	}
 	recs := byProto(f.done(t, c), "http")
-	if len(recs) != 1 || !strings.Contains(recs[0].Reason, "x509") {
+	if len(recs) != 1 || !strings.Contains(string(recs[0].Reason), "x509") {
 		t.Fatalf("request records %+v, want one whose reason is the verification error", recs)
 	}
 }
@@ -660,7 +660,7 @@ func TestInterceptRefusesDomainFronting(t *testing.T) {
 	for _, r := range byProto(f.done(t), "http") {
 		if r.Verdict == "deny" {
 			denied += max(r.Count, 1) // identical refusals are one record and an aggregate
-			if !strings.HasPrefix(r.Reason, reasonFronting) || r.Status != http.StatusMisdirectedRequest {
+			if !r.Reason.Is(audit.ReasonFronting) || r.Status != http.StatusMisdirectedRequest {
 				t.Errorf("denial %+v", r)
 			}
 		}
@@ -919,7 +919,7 @@ func TestInterceptRequireRefusesAForeignToken(t *testing.T) {
 		t.Error("the upstream was reached")
 	}
 	reqs := byProto(f.done(t, c), "http")
-	if len(reqs) != 1 || reqs[0].Verdict != "deny" || !strings.Contains(reqs[0].Reason, "API_KEY") || reqs[0].Status != 403 {
+	if len(reqs) != 1 || reqs[0].Verdict != "deny" || !strings.Contains(string(reqs[0].Reason), "API_KEY") || reqs[0].Status != 403 {
 		t.Fatalf("request records %+v", reqs)
 	}
 }
@@ -945,7 +945,7 @@ func TestBoundHostWithoutCAIsRefused(t *testing.T) {
 		t.Fatalf("audit = %+v", recs)
 	}
 	for _, r := range recs {
-		if r.Verdict != "deny" || !strings.Contains(r.Reason, "needs TLS inspection") {
+		if r.Verdict != "deny" || !strings.Contains(string(r.Reason), "needs TLS inspection") {
 			t.Errorf("audit %+v", r)
 		}
 	}

@@ -53,7 +53,7 @@ func (g *Gate) refusalFor(host string, port uint16, rec audit.Record, request bo
 	r.body = fmt.Sprintf("moat: the sandbox %q may not reach %s (port %d): %s.\n",
 		g.o.Sandbox, what, port, reasonText(rec))
 	switch {
-	case rec.Reason == "" || rec.Reason == "blocked by rule" || strings.HasPrefix(rec.Reason, "no rule"):
+	case rec.Reason == "" || rec.Reason == audit.ReasonBlocked || rec.Reason.Is(audit.ReasonNoRule):
 		cmd := AllowCommand(g.o.Sandbox, host, port)
 		if request && rec.Method != "" {
 			cmd = allowRequestCommand(g.o.Sandbox, host, port, rec.Method, rec.Path)
@@ -61,9 +61,9 @@ func (g *Gate) refusalFor(host string, port uint16, rec audit.Record, request bo
 		if cmd != "" {
 			r.body += fmt.Sprintf("To allow it, run on the host:\n\n    %s\n", cmd)
 		}
-	case strings.HasPrefix(rec.Reason, "bad request head"):
+	case rec.Reason.Is(audit.ReasonBadHead):
 		r.status = http.StatusBadRequest
-	case strings.HasPrefix(rec.Reason, reasonFronting):
+	case rec.Reason.Is(audit.ReasonFronting):
 		// RFC 9110 §15.5.20: the client may retry on a new connection,
 		// which is what a client that reused a connection across hosts
 		// by mistake needs to do.
@@ -106,12 +106,12 @@ func (g *Gate) refuseHTTP(c net.Conn, req peek.Request, dst netip.AddrPort, t *t
 
 func reasonText(r audit.Record) string {
 	switch {
-	case r.Reason == "" || r.Reason == "no rule allows it":
-		return "no rule allows it"
-	case r.Reason == "blocked by rule":
+	case r.Reason == "" || r.Reason == audit.ReasonNoRule:
+		return string(audit.ReasonNoRule)
+	case r.Reason == audit.ReasonBlocked:
 		return "blocked by " + r.Layer + " rule " + strconv.Quote(r.Rule)
 	}
-	return r.Reason
+	return string(r.Reason)
 }
 
 // allowRequestCommand is the command that allows one request: a request

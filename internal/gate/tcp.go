@@ -80,8 +80,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 // each, a daemon log line at most every capLogEvery (a guest opening
 // connections in a loop would repeat it thousands of times a second).
 func (g *Gate) overCap(dst netip.AddrPort) {
-	reason := fmt.Sprintf("too many open connections: the sandbox's limit is %d ([network] max_connections)", g.o.MaxConnections)
-	g.audit(g.denyRecord("tcp", dst, reason))
+	g.audit(g.denyRecord("tcp", dst, audit.TooManyConnections(g.o.MaxConnections)))
 	now := time.Now().UnixNano()
 	if last := g.capLogged.Load(); now-last > int64(capLogEvery) && g.capLogged.CompareAndSwap(last, now) {
 		g.log.Warn("gate: refusing connections beyond the sandbox's limit; raise [network] max_connections if the guest needs more",
@@ -128,7 +127,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 			return true
 		}
 		if d.Rule != nil {
-			t.rec.Reason = "blocked by rule"
+			t.rec.Reason = audit.ReasonBlocked
 			return false
 		}
 	}
@@ -142,7 +141,7 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 	if g.report.Load() {
 		t.wouldDeny = true
 		if t.rec.Reason == "" {
-			t.rec.Reason = "no rule allows it"
+			t.rec.Reason = audit.ReasonNoRule
 		}
 		return true
 	}
@@ -160,21 +159,21 @@ func (g *Gate) settle(ctx context.Context, t *tcpTrace, q Question) bool {
 		if d.Verdict != policy.Allow {
 			t.rec.Rule, t.rec.Layer, t.granted = out.Answer, "interactive", true
 		}
-		t.rec.Reason = "allowed by a watcher (" + out.Answer + ")"
-		if out.By == "rule" {
-			t.rec.Reason = "allowed: a watcher opened everything for an hour"
+		t.rec.Reason = audit.WatcherAllowed(out.Answer)
+		if out.By == ByRule {
+			t.rec.Reason = audit.ReasonWatcherHour
 		}
 		return true
 	}
 	switch out.By {
-	case "watcher":
-		t.rec.Reason = "denied by a watcher"
-	case "timeout":
-		t.rec.Reason = "held for a watcher, no answer in " + g.o.Holds.Timeout().String()
-	case "overflow":
-		t.rec.Reason = fmt.Sprintf("held for a watcher, but %d destinations already wait", g.o.Holds.Max())
-	case "closed":
-		t.rec.Reason = "held for a watcher, who left"
+	case ByWatcher:
+		t.rec.Reason = audit.ReasonWatcherDenied
+	case ByTimeout:
+		t.rec.Reason = audit.HeldTimedOut(g.o.Holds.Timeout())
+	case ByOverflow:
+		t.rec.Reason = audit.HeldOverflow(g.o.Holds.Max())
+	case ByClosed:
+		t.rec.Reason = audit.ReasonWatcherLeft
 	}
 	return false
 }
@@ -199,18 +198,18 @@ func (t *tcpTrace) verdict() audit.Verdict {
 func (g *Gate) deny(t *tcpTrace) {
 	t.rec.Verdict = audit.Deny
 	if t.rec.Reason == "" {
-		t.rec.Reason = "no rule allows it"
+		t.rec.Reason = audit.ReasonNoRule
 	}
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
 	g.audit(t.rec)
 }
 
-func (g *Gate) setDecision(t *tcpTrace, name, from string, d policy.Decision) {
+func (g *Gate) setDecision(t *tcpTrace, name string, from audit.NameSource, d policy.Decision) {
 	t.rec.Name, t.rec.NameFrom = name, from
 	t.rec.Rule, t.rec.Layer = ruleOf(d)
 	t.dec = d
 	if d.Verdict != policy.Allow && d.Rule != nil {
-		t.rec.Reason = "blocked by rule"
+		t.rec.Reason = audit.ReasonBlocked
 	}
 }
 
@@ -256,7 +255,7 @@ func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace)
 		d := g.decideName(n.Name, dst.Port())
 		if d.Verdict == policy.Allow {
 			g.setDecision(t, n.Name, n.Source, d)
-			if n.Source == "pool" {
+			if n.Source == audit.FromPool {
 				// The guest holds a pool address from when the name was
 				// denied; it is allowed now (a live rule change), so
 				// dial what the host resolves.
@@ -271,13 +270,13 @@ func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace)
 		if !g.settle(ctx, t, Question{Name: n.Name, Addr: dst.Addr(), Port: dst.Port()}) {
 			return target{}, false
 		}
-		if n.Source == "pool" {
+		if n.Source == audit.FromPool {
 			return target{name: n.Name, port: dst.Port()}, true
 		}
 		return target{addr: dst.Addr(), port: dst.Port()}, true
 	}
 	if InPool(dst.Addr()) {
-		t.rec.Reason = "pool address with no name bound (expired lookup)"
+		t.rec.Reason = audit.ReasonPoolUnbound
 		return target{}, false
 	}
 	d := g.decideAddr(dst.Addr(), dst.Port())
@@ -294,7 +293,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	buf, kind, err := g.readHead(c)
 	if err != nil {
 		c.Close()
-		t.rec.Reason = err.Error()
+		t.rec.Reason = audit.ReasonFor(err)
 		g.deny(t)
 		return
 	}
@@ -317,7 +316,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 					// A secret or request rules depend on reading this
 					// host's requests, and the gate cannot: refuse
 					// rather than let them through unread.
-					t.rec.Reason = "needs TLS inspection (" + why + ") but the gate has no CA"
+					t.rec.Reason = audit.NeedsInspection(why)
 					refuseTLS(c)
 					g.deny(t)
 					return
@@ -421,20 +420,20 @@ func (g *Gate) readHead(c net.Conn) ([]byte, headKind, error) {
 func (g *Gate) decideTLS(ctx context.Context, buf []byte, dst netip.AddrPort, t *tcpTrace) (target, bool) {
 	hello, err := peek.ParseClientHello(buf)
 	if err != nil {
-		t.rec.Reason = "malformed ClientHello: " + err.Error()
+		t.rec.Reason = audit.MalformedHello(err)
 		return target{}, false
 	}
 	if hello.SNI == "" || hello.ECH {
-		what := "no SNI"
+		what := audit.ReasonNoSNI
 		if hello.ECH {
-			what = "encrypted ClientHello"
-			t.rec.Name, t.rec.NameFrom = hello.SNI, "sni"
+			what = audit.ReasonECH
+			t.rec.Name, t.rec.NameFrom = hello.SNI, audit.FromSNI
 		}
 		return g.byAddressRule(dst, t, what)
 	}
 	t.sni = hello.SNI
 	d := g.decideName(hello.SNI, dst.Port())
-	g.setDecision(t, hello.SNI, "sni", d)
+	g.setDecision(t, hello.SNI, audit.FromSNI, d)
 	if d.Verdict != policy.Allow && !g.settle(ctx, t, Question{Name: hello.SNI, Addr: dst.Addr(), Port: dst.Port()}) {
 		return target{}, false
 	}
@@ -442,15 +441,15 @@ func (g *Gate) decideTLS(ctx context.Context, buf []byte, dst netip.AddrPort, t 
 }
 
 // byAddressRule allows a nameless connection only through an address rule.
-func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what string) (target, bool) {
+func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what audit.Reason) (target, bool) {
 	if InPool(dst.Addr()) {
-		t.rec.Reason = what + " to a pool address"
+		t.rec.Reason = audit.NamelessToPool(what)
 		return target{}, false
 	}
 	d := g.decideAddr(dst.Addr(), dst.Port())
 	t.rec.Rule, t.rec.Layer = ruleOf(d)
 	if d.Verdict != policy.Allow {
-		t.rec.Reason = what + " and no address rule allows " + dst.Addr().String()
+		t.rec.Reason = audit.NamelessNoAddressRule(what, dst.Addr().String())
 		return target{}, false
 	}
 	return target{addr: dst.Addr(), port: dst.Port()}, true
@@ -460,29 +459,29 @@ func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what string) (targ
 func (g *Gate) decideHTTP(ctx context.Context, buf []byte, dst netip.AddrPort, t *tcpTrace) (target, peek.Request, bool) {
 	req, err := peek.ParseHTTPHead(buf)
 	if err != nil {
-		t.rec.Reason = "bad request head: " + err.Error()
+		t.rec.Reason = audit.BadHead(err)
 		return target{}, req, false
 	}
 	if req.Method == "CONNECT" {
-		t.rec.Name, t.rec.NameFrom = req.Host, "host"
-		t.rec.Reason = "CONNECT is not relayed through the gate"
+		t.rec.Name, t.rec.NameFrom = req.Host, audit.FromHost
+		t.rec.Reason = audit.ReasonConnect
 		return target{}, req, false
 	}
 	if req.Host == "" {
-		tg, ok := g.byAddressRule(dst, t, "no Host header")
+		tg, ok := g.byAddressRule(dst, t, audit.ReasonNoHost)
 		return tg, req, ok
 	}
 	if ip, err := netip.ParseAddr(req.Host); err == nil {
-		t.rec.Name, t.rec.NameFrom = req.Host, "host"
+		t.rec.Name, t.rec.NameFrom = req.Host, audit.FromHost
 		if ip != dst.Addr() {
-			t.rec.Reason = "Host names another address than the one dialed"
+			t.rec.Reason = audit.ReasonHostMismatch
 			return target{}, req, false
 		}
-		tg, ok := g.byAddressRule(dst, t, "address in Host")
+		tg, ok := g.byAddressRule(dst, t, audit.ReasonHostAddress)
 		return tg, req, ok
 	}
 	d := g.decideName(req.Host, dst.Port())
-	g.setDecision(t, req.Host, "host", d)
+	g.setDecision(t, req.Host, audit.FromHost, d)
 	if d.Verdict != policy.Allow && !g.settle(ctx, t, Question{Name: req.Host, Addr: dst.Addr(), Port: dst.Port()}) {
 		return target{}, req, false
 	}
@@ -517,7 +516,7 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 		// is a denial (rebinding to a private address, say).
 		t.rec.Verdict = audit.Deny
 	}
-	t.rec.Reason = err.Error()
+	t.rec.Reason = audit.ReasonFor(err)
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
 	g.audit(t.rec)
 }
@@ -536,7 +535,7 @@ func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *
 		if err != nil {
 			guest.Close()
 			up.Close()
-			t.rec.Reason = "upstream write: " + err.Error()
+			t.rec.Reason = audit.UpstreamWrite(err)
 			t.rec.BytesUp = upN
 			t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
 			g.auditEnd(t)

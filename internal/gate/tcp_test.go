@@ -324,7 +324,7 @@ func TestTLSDeniedSNIAndNoSNI(t *testing.T) {
 		<-r.done
 	}
 	recs := f.records(t)
-	if len(recs) != 2 || recs[0].Verdict != "deny" || recs[1].Verdict != "deny" || !strings.Contains(recs[1].Reason, "no SNI") {
+	if len(recs) != 2 || recs[0].Verdict != "deny" || recs[1].Verdict != "deny" || !strings.Contains(string(recs[1].Reason), "no SNI") {
 		t.Fatalf("audit = %+v", recs)
 	}
 	if f.dns.asked("evil.test") {
@@ -397,7 +397,7 @@ func TestAllowedNameToPrivateAddressIsRefused(t *testing.T) {
 		<-r.done
 	}
 	for _, rec := range f.records(t) {
-		if rec.Verdict != "deny" || !strings.Contains(rec.Reason, "refused") {
+		if rec.Verdict != "deny" || !strings.Contains(string(rec.Reason), "refused") {
 			t.Errorf("audit %+v", rec)
 		}
 	}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"moat.dev/moat/internal/audit"
 )
 
 // WebSocket frames from a bound host. After the upgrade the proxy copies
@@ -45,9 +47,9 @@ func (w *wsScrubber) Read(p []byte) (int, error) {
 // drop ends the connection for a frame that cannot be scrubbed, and says
 // why in the request's audit record.
 func (w *wsScrubber) drop(why string) error {
-	msg := "WebSocket: " + why + ", which the gate cannot scrub secrets from; the connection was closed"
-	w.rs.rec.Reason = msg
-	return errors.New(msg)
+	reason := audit.WebSocketUnscrubbable(why)
+	w.rs.rec.Reason = reason
+	return errors.New(string(reason))
 }
 
 // next reads one frame and makes w.out its scrubbed form.

@@ -21,6 +21,7 @@ import (
 	"gvisor.dev/gvisor/pkg/tcpip/transport/udp"
 	"gvisor.dev/gvisor/pkg/waiter"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/gate"
 )
 
@@ -71,10 +72,10 @@ func (st *Stack) serve(ctx context.Context, g *gate.Gate) error {
 		if id.LocalPort == 53 || id.LocalPort == 853 {
 			// DNS anywhere but the gateway, and DNS over TLS/QUIC:
 			// dropped, so no resolver but the gate's is ever reached.
-			g.DenyDatagram(dst, "DNS to a resolver other than the gateway")
+			g.DenyDatagram(dst, audit.ReasonDNSElsewhere)
 			return true
 		}
-		g.DenyDatagram(dst, "UDP is not forwarded (QUIC falls back to TCP)")
+		g.DenyDatagram(dst, audit.ReasonUDP)
 		return false // port unreachable: the guest fails fast
 	})
 	s.SetTransportProtocolHandler(icmp.ProtocolNumber4, func(id stack.TransportEndpointID, pkt *stack.PacketBuffer) bool {

@@ -19,37 +19,59 @@ import "net/netip"
 // tests use the documentation ranges as stand-ins for the internet.
 var special = []struct {
 	pfx   netip.Prefix
-	class string
+	class AddrClass
 }{
-	{netip.MustParsePrefix("0.0.0.0/8"), "unspecified"},
-	{netip.MustParsePrefix("127.0.0.0/8"), "loopback"},
-	{netip.MustParsePrefix("10.0.0.0/8"), "private"},
-	{netip.MustParsePrefix("172.16.0.0/12"), "private"},
-	{netip.MustParsePrefix("192.168.0.0/16"), "private"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "cgnat"},
-	{netip.MustParsePrefix("169.254.0.0/16"), "link-local"},
-	{netip.MustParsePrefix("224.0.0.0/4"), "multicast"},
-	{netip.MustParsePrefix("255.255.255.255/32"), "broadcast"},
-	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("0.0.0.0/8"), ClassUnspecified},
+	{netip.MustParsePrefix("127.0.0.0/8"), ClassLoopback},
+	{netip.MustParsePrefix("10.0.0.0/8"), ClassPrivate},
+	{netip.MustParsePrefix("172.16.0.0/12"), ClassPrivate},
+	{netip.MustParsePrefix("192.168.0.0/16"), ClassPrivate},
+	{netip.MustParsePrefix("100.64.0.0/10"), ClassCGNAT},
+	{netip.MustParsePrefix("169.254.0.0/16"), ClassLinkLocal},
+	{netip.MustParsePrefix("224.0.0.0/4"), ClassMulticast},
+	{netip.MustParsePrefix("255.255.255.255/32"), ClassBroadcast},
+	{netip.MustParsePrefix("240.0.0.0/4"), ClassReserved},
 
-	{netip.MustParsePrefix("::/128"), "unspecified"},
-	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("::/128"), ClassUnspecified},
+	{netip.MustParsePrefix("::1/128"), ClassLoopback},
 	// IPv6 forms that carry an IPv4 address: a filter that looks only
 	// at IPv4 would let ::ffff:127.0.0.1 or 64:ff9b::a9fe:a9fe through.
-	{netip.MustParsePrefix("::ffff:0:0/96"), "ipv4-mapped"},
-	{netip.MustParsePrefix("::/96"), "ipv4-compatible"},
-	{netip.MustParsePrefix("64:ff9b::/96"), "nat64"},
-	{netip.MustParsePrefix("64:ff9b:1::/48"), "nat64"},
-	{netip.MustParsePrefix("2002::/16"), "6to4"},
-	{netip.MustParsePrefix("2001::/32"), "teredo"},
-	{netip.MustParsePrefix("fc00::/7"), "private"},
-	{netip.MustParsePrefix("fec0::/10"), "private"}, // site-local: deprecated, still routed by some stacks
-	{netip.MustParsePrefix("fe80::/10"), "link-local"},
-	{netip.MustParsePrefix("ff00::/8"), "multicast"},
+	{netip.MustParsePrefix("::ffff:0:0/96"), ClassIPv4Mapped},
+	{netip.MustParsePrefix("::/96"), ClassIPv4Compatible},
+	{netip.MustParsePrefix("64:ff9b::/96"), ClassNAT64},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), ClassNAT64},
+	{netip.MustParsePrefix("2002::/16"), Class6to4},
+	{netip.MustParsePrefix("2001::/32"), ClassTeredo},
+	{netip.MustParsePrefix("fc00::/7"), ClassPrivate},
+	{netip.MustParsePrefix("fec0::/10"), ClassPrivate}, // site-local: deprecated, still routed by some stacks
+	{netip.MustParsePrefix("fe80::/10"), ClassLinkLocal},
+	{netip.MustParsePrefix("ff00::/8"), ClassMulticast},
 }
 
-// ClassHost is the class of the host's own addresses.
-const ClassHost = "host"
+// AddrClass names a range of addresses the gate refuses to dial (see
+// Special). The words are the detail of the audit's "refused address
+// class" reasons: frozen.
+type AddrClass string
+
+// Address classes.
+const (
+	ClassHost           AddrClass = "host" // the host's own addresses
+	ClassLoopback       AddrClass = "loopback"
+	ClassUnspecified    AddrClass = "unspecified"
+	ClassPrivate        AddrClass = "private"
+	ClassCGNAT          AddrClass = "cgnat"
+	ClassLinkLocal      AddrClass = "link-local" // cloud metadata endpoints among them
+	ClassMulticast      AddrClass = "multicast"
+	ClassBroadcast      AddrClass = "broadcast"
+	ClassReserved       AddrClass = "reserved"
+	ClassIPv4Mapped     AddrClass = "ipv4-mapped"
+	ClassIPv4Compatible AddrClass = "ipv4-compatible"
+	ClassNAT64          AddrClass = "nat64"
+	Class6to4           AddrClass = "6to4"
+	ClassTeredo         AddrClass = "teredo"
+	// ClassInvalid: not an address at all; Special fails closed on it.
+	ClassInvalid AddrClass = "invalid"
+)
 
 // Special reports whether ip is in a range the gate refuses to dial
 // unless an address rule opens it, and names the range's class for the
@@ -58,9 +80,9 @@ const ClassHost = "host"
 // "broadcast", "reserved", "ipv4-mapped", "ipv4-compatible", "nat64",
 // "6to4", "teredo". A zone is ignored. An invalid address is special
 // (class "invalid"): the check fails closed.
-func Special(ip netip.Addr, hostAddrs []netip.Addr) (class string, special bool) {
+func Special(ip netip.Addr, hostAddrs []netip.Addr) (class AddrClass, special bool) {
 	if !ip.IsValid() {
-		return "invalid", true
+		return ClassInvalid, true
 	}
 	ip = ip.WithZone("")
 	for _, h := range hostAddrs {
@@ -77,7 +99,7 @@ func Special(ip netip.Addr, hostAddrs []netip.Addr) (class string, special bool)
 	return "", false
 }
 
-func specialRange(ip netip.Addr) (netip.Prefix, string, bool) {
+func specialRange(ip netip.Addr) (netip.Prefix, AddrClass, bool) {
 	for _, s := range special {
 		if s.pfx.Contains(ip) {
 			return s.pfx, s.class, true
@@ -88,7 +110,7 @@ func specialRange(ip netip.Addr) (netip.Prefix, string, bool) {
 
 // classRange is the range an opening rule must fit inside: the class's
 // range that holds ip, or ip alone for the host's own addresses.
-func classRange(ip netip.Addr, class string) (netip.Prefix, bool) {
+func classRange(ip netip.Addr, class AddrClass) (netip.Prefix, bool) {
 	if class == ClassHost {
 		return netip.PrefixFrom(ip, ip.BitLen()), true
 	}
@@ -116,7 +138,7 @@ func classRange(ip netip.Addr, class string) (netip.Prefix, bool) {
 //
 // The bool is true only for an allow; the Decision says which rule
 // decided (or none).
-func (p *Policy) OpensSpecial(ip netip.Addr, port uint16, class string) (Decision, bool) {
+func (p *Policy) OpensSpecial(ip netip.Addr, port uint16, class AddrClass) (Decision, bool) {
 	if p == nil || !ip.IsValid() {
 		return Decision{}, false
 	}

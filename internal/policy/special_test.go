@@ -9,7 +9,7 @@ func TestSpecial(t *testing.T) {
 	host := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10"), netip.MustParseAddr("10.1.2.3")}
 	tests := []struct {
 		ip    string
-		class string // "" = not special
+		class AddrClass // "" = not special
 	}{
 		{"127.0.0.1", "loopback"},
 		{"127.255.255.254", "loopback"},

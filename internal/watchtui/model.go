@@ -174,7 +174,7 @@ func (m *Model) event(msg EventMsg) {
 			}
 			why := r.Rule
 			if why == "" {
-				why = r.Reason
+				why = string(r.Reason)
 			}
 			m.addLog(fmt.Sprintf("%s  %-8s %-10s %-4s %s  %s", m.clock(r.Time), msg.Sandbox, r.Verdict, r.Proto, name, why))
 		}

@@ -265,7 +265,7 @@ done`, fetches, g.ca))
 	var notices []string
 	for _, r := range recs {
 		if r.Verdict == audit.Dropped {
-			notices = append(notices, r.Reason)
+			notices = append(notices, string(r.Reason))
 		}
 	}
 	t.Logf("%d records after the flood; dropped notices: %q", len(recs), notices)

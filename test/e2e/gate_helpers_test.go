@@ -426,7 +426,7 @@ func readAuditDir(t *testing.T, stateDir string) []auditRec {
 	err := audit.Read(filepath.Join(stateDir, "audit", "audit.jsonl"), func(r audit.Record) bool {
 		if r.Phase != audit.PhaseStart {
 			out = append(out, auditRec{Schema: r.Schema, Time: r.Time, Sandbox: r.Sandbox, Proto: r.Proto, Dst: r.Dst,
-				Name: r.Name, NameFrom: r.NameFrom, Verdict: string(r.Verdict), Rule: r.Rule, Layer: r.Layer, Reason: r.Reason,
+				Name: r.Name, NameFrom: string(r.NameFrom), Verdict: string(r.Verdict), Rule: r.Rule, Layer: r.Layer, Reason: string(r.Reason),
 				Upstream: r.Upstream, BytesUp: r.BytesUp, BytesDown: r.BytesDown, DurationMS: r.DurationMS})
 		}
 		return true
