@@ -12,8 +12,8 @@ import (
 // NoLimits says why this process cannot make a sandbox's cgroups, or ""
 // when it can. Root always can; an ordinary user (rootless moat) can only
 // where the hierarchy Create writes is writable by them: never on cgroup
-// v1, whose hierarchies are root's, and on v2 only when the host delegated
-// it. A sandbox started where it cannot runs without limits, and the
+// v1, whose hierarchies are root's, and on v2 only when its /moat is (a
+// delegated subtree elsewhere is not used yet). A sandbox started where it cannot runs without limits, and the
 // start, moat status and moat doctor say so in these words; admission
 // still counts it with its configured limits.
 func NoLimits() string {
@@ -29,7 +29,9 @@ func NoLimits() string {
 		dir = cgroupRoot
 	}
 	if err := unix.Access(dir, unix.W_OK); err != nil {
-		return fmt.Sprintf("%s is not writable by uid %d, so moat without sudo cannot bound the sandbox's memory, CPU and processes; run moat with sudo for limits, or delegate it to this user", dir, os.Getuid())
+		// A delegated subtree (systemd's user@.service) is not used yet:
+		// Create makes its groups at the hierarchy's root.
+		return fmt.Sprintf("%s is not writable by uid %d, so moat without sudo cannot bound the sandbox's memory, CPU and processes; run moat with sudo for limits", dir, os.Getuid())
 	}
 	return ""
 }
