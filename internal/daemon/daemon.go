@@ -213,15 +213,11 @@ func (d *daemon) run() error {
 		d.setStopped(state.StopError, err)
 		return err
 	}
-	done := mark("shim_ms")
-	tapFD, err := shim.tap()
-	if err != nil {
-		return stopShim(err)
-	}
-	done()
-	done = mark("gate_ms")
-	gp, err := d.startGate(ids, tapFD)
-	unix.Close(tapFD) // the gate process's now, and only its
+	// The gate process sets itself up while the shim mounts the root
+	// filesystem and creates tap0; its "go" takes tap0 and starts the
+	// guest.
+	done := mark("gate_ms")
+	gp, err := d.startGate(ids)
 	if err != nil {
 		return stopShim(err)
 	}
@@ -242,6 +238,14 @@ func (d *daemon) run() error {
 		return stopShim(fmt.Errorf("the gate process exited before the guest started: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
 	case s := <-sigs:
 		return stopGate(fmt.Errorf("stopped by %v while starting", s))
+	case <-d.stopCh:
+		// The gate process failed its set-up (and said why), or a stop
+		// came first.
+		why := d.stopError
+		if why == "" {
+			why = "stopped while starting"
+		}
+		return stopGate(errors.New(why))
 	}
 	done()
 	done = mark("boot_ms")

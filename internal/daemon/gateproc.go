@@ -112,11 +112,22 @@ func (d *daemon) runGate() error {
 	if err := d.lockDown(rec.GateUID); err != nil {
 		return fmt.Errorf("locking the gate process down: %w", err)
 	}
-	if _, err := l.call(ctx, "go", nil, nil); err != nil {
+	fds, err := l.call(ctx, "go", nil, nil)
+	if err != nil {
+		return err
+	}
+	if len(fds) != 1 {
+		closeFiles(fds)
+		return errors.New("the keeper sent no tap0")
+	}
+	// The netstack owns the descriptor from here.
+	tapFD, err := unix.Dup(int(fds[0].Fd()))
+	fds[0].Close()
+	if err != nil {
 		return err
 	}
 	lim := d.gateLimits()
-	st, err := netstack.New(netstack.Options{TAPFD: gateTapFD, Gate: nw.gate, Log: d.log, Ctx: ctx,
+	st, err := netstack.New(netstack.Options{TAPFD: tapFD, Gate: nw.gate, Log: d.log, Ctx: ctx,
 		WindowBudget: lim.windowBytes, DNSQueries: lim.dns})
 	if err != nil {
 		return err

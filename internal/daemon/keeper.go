@@ -43,11 +43,11 @@ import (
 // GateRole is the moat binary's hidden role for the gate process.
 const GateRole = "__gate"
 
-// Fds the keeper hands the gate process.
+// Fds the keeper hands the gate process at its start; tap0 follows on
+// the link, in the answer to "go".
 const (
 	gateLinkFD  = 3
-	gateTapFD   = 4
-	gateReadyFD = 5
+	gateReadyFD = 4
 )
 
 // gateReadyEnv tells the gate process it has the CLI's ready pipe.
@@ -193,19 +193,18 @@ func (g *gateProc) stop() {
 // with the link, tap0 and the CLI's ready pipe, its output copied into
 // daemon.log, and a parent-death signal: a keeper that dies takes it
 // along.
-func (d *daemon) startGate(ids gateIDs, tapFD int) (*gateProc, error) {
+func (d *daemon) startGate(ids gateIDs) (*gateProc, error) {
 	ours, theirs, err := linkPair()
 	if err != nil {
 		return nil, err
 	}
-	tap := os.NewFile(uintptr(tapFD), "tap0")
 	out, outW, err := os.Pipe()
 	if err != nil {
 		ours.Close()
 		theirs.Close()
 		return nil, err
 	}
-	files := []*os.File{theirs, tap}
+	files := []*os.File{theirs}
 	env := gateEnviron(os.Environ())
 	if f, ok := d.o.Ready.(*os.File); ok && f != nil {
 		files = append(files, f)
@@ -342,12 +341,29 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		if err := lockdown.Verify(d.gatePID, lockdown.Config{UID: d.gateIDs.UID, GID: d.gateIDs.GID}); err != nil {
 			return nil, nil, err
 		}
+		var tap *os.File
 		var err error
 		d.goOnce.Do(func() {
-			err = d.shim.startGuest()
+			// The shim has mounted the root filesystem meanwhile.
+			var fd int
+			if fd, err = d.shim.tap(); err != nil {
+				return
+			}
+			tap = os.NewFile(uintptr(fd), "tap0")
+			if err = d.shim.startGuest(); err != nil {
+				tap.Close()
+				return
+			}
 			close(d.guestGo)
 		})
-		return nil, nil, err
+		if tap == nil {
+			if err == nil {
+				err = errors.New("the guest was started already")
+			}
+			return nil, nil, err
+		}
+		// Sent, then closed here: the keeper keeps no guest-facing fd.
+		return nil, []*os.File{tap}, nil
 	case "up":
 		d.agentUp.Do(func() { go d.guardOOM(context.Background()) })
 		return nil, nil, nil
