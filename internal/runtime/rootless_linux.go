@@ -32,21 +32,21 @@ var guestWrites = []string{
 	"etc/pki/ca-trust/source/anchors/",
 }
 
-// copyUpForGuest copies guestWrites up into upper (the state dir's upper/,
-// whose subdirectories are the host directories' upper layers), each
-// ancestor directory with the host's mode. A path the upper layer already
-// has (a copy of an earlier start, the guest's own file, a whiteout) is
-// left as it is.
-func copyUpForGuest(upper string) error {
-	for _, w := range guestWrites {
+// copyUpForGuest copies paths (guestWrites) of the host's root host up
+// into upper (the state dir's upper/, whose subdirectories are the host
+// directories' upper layers), each ancestor directory with the host's
+// mode. A path the upper layer already has (a copy of an earlier start,
+// the guest's own file, a whiteout) is left as it is.
+func copyUpForGuest(host, upper string, paths []string) error {
+	for _, w := range paths {
 		rel := strings.TrimSuffix(w, "/")
-		fi, err := os.Lstat("/" + rel)
+		fi, err := os.Lstat(filepath.Join(host, rel))
 		if err != nil {
 			continue // not on this host: the guest makes it in a directory it owns, or goes without
 		}
 		parts := strings.Split(rel, "/")
 		for i := 1; i < len(parts); i++ {
-			if err := mkdirLike(filepath.Join(parts[:i]...), upper); err != nil {
+			if err := mkdirLike(host, filepath.Join(parts[:i]...), upper); err != nil {
 				return err
 			}
 		}
@@ -56,9 +56,9 @@ func copyUpForGuest(upper string) error {
 		}
 		switch {
 		case fi.IsDir():
-			err = mkdirLike(rel, upper)
+			err = mkdirLike(host, rel, upper)
 		case fi.Mode().IsRegular():
-			err = copyFile("/"+rel, dst, fi.Mode().Perm())
+			err = copyFile(filepath.Join(host, rel), dst, fi.Mode().Perm())
 		}
 		if err != nil {
 			return fmt.Errorf("copying /%s up for the guest: %w", rel, err)
@@ -67,13 +67,13 @@ func copyUpForGuest(upper string) error {
 	return nil
 }
 
-// mkdirLike makes upper/rel, if missing, with /rel's permissions.
-func mkdirLike(rel, upper string) error {
+// mkdirLike makes upper/rel, if missing, with host/rel's permissions.
+func mkdirLike(host, rel, upper string) error {
 	dst := filepath.Join(upper, rel)
 	if _, err := os.Lstat(dst); err == nil {
 		return nil
 	}
-	fi, err := os.Stat("/" + rel)
+	fi, err := os.Stat(filepath.Join(host, rel))
 	if err != nil {
 		return err
 	}

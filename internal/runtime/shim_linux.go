@@ -250,7 +250,7 @@ func (p *Plan) mountRootfs() (string, []bindMount, error) {
 	os.Chmod(filepath.Join(root, "root"), 0o700)
 
 	if p.Rootless {
-		if err := copyUpForGuest(p.upper()); err != nil {
+		if err := copyUpForGuest("/", p.upper(), guestWrites); err != nil {
 			return "", nil, err
 		}
 	}
