@@ -107,6 +107,20 @@ func TestRootlessMoat(t *testing.T) {
 		t.Errorf("moat status: exit %d, does not say there are no limits:\n%s", code, status)
 	}
 
+	// A killed keeper takes the gate process, the shim and runsc's
+	// processes with it (parent-death signals, set again after each
+	// change of ids); the next start clears runsc's stale state, which
+	// belongs to a subordinate id, from inside the namespace.
+	keepers := h.procs("__daemon")
+	if len(keepers) != 1 {
+		t.Fatalf("keeper processes of the user: %v, want one", keepers)
+	}
+	syscall.Kill(keepers[0].pid, syscall.SIGKILL)
+	waitNoProcs(t, h)
+	if so, se, code := moat(t, ws, "run", "--", "cat", "f"); code != 0 || so != "hi\n" {
+		t.Fatalf("moat run after the keeper was killed: exit %d, stdout %q\nstderr: %s\ndaemon.log:\n%s", code, so, se, readLog(home))
+	}
+
 	// Destroy: the state dir holds the namespace's files (runsc's root,
 	// the overlays' layers), which only a user namespace can remove.
 	if _, se, code := moat(t, ws, "destroy", "--yes", "ws"); code != 0 {
