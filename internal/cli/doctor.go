@@ -50,12 +50,14 @@ Exits 4 when something is missing.`,
 					return strings.Contains(string(b), "overlay"), ""
 				}, "load the overlay module: modprobe overlay"},
 				{"network namespaces", func() (bool, string) { return fileExists("/proc/self/ns/net"), "" }, "use a kernel with CONFIG_NET_NS"},
-				{"sudo on the host (for image = \"host\")", func() (bool, string) {
+			}...)
+			// Without root the guest cannot use the host's sudo nor a
+			// disk image at all (rootlessNotes say so): no checks.
+			if !rootless() {
+				checks = append(checks, check{"sudo on the host (for image = \"host\")", func() (bool, string) {
 					_, err := exec.LookPath("sudo")
 					return err == nil, ""
-				}, "apt-get install sudo"},
-			}...)
-			if !rootless() {
+				}, "apt-get install sudo"})
 				checks = append(checks, diskChecks()...)
 			}
 			checks = append(checks, check{"gVisor platform", func() (bool, string) {
