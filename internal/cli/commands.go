@@ -415,13 +415,16 @@ type listEntry struct {
 	Disk *control.Disk `json:"disk,omitempty"`
 	// Platform: gVisor's platform, of a running sandbox.
 	Platform string `json:"platform,omitempty"`
+	// NoLimits: why the sandbox has no resource limits (moat without
+	// sudo where it cannot write a cgroup: resources.NoLimits).
+	NoLimits string `json:"no_limits,omitempty"`
 }
 
 func (e *env) entry(r *state.Record) listEntry {
 	dir := e.dirs.Sandbox(r.Name)
 	st, reason := state.Effective(r, dir)
 	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image,
-		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error}
+		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits()}
 	if st == state.StateRunning || st == state.StateStarting {
 		le.PID = r.DaemonPID
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -532,8 +535,8 @@ gate's mode and its audit, warnings about its policy, and files the host runs
 				fmt.Fprintf(out, "platform:   gVisor on %s\n", le.Platform)
 			}
 			printResources(out, le.Resources)
-			if why := resources.NoLimits(); why != "" {
-				fmt.Fprintf(out, "limits:     none: %s\n", why)
+			if le.NoLimits != "" {
+				fmt.Fprintf(out, "limits:     none: %s\n", le.NoLimits)
 			}
 			printDisk(out, le.Disk)
 			printActivity(out, le.Activity, le.Gate)

@@ -106,6 +106,10 @@ func TestRootlessMoat(t *testing.T) {
 	if code != 0 || (noLimits && !strings.Contains(status, "limits:     none")) {
 		t.Errorf("moat status: exit %d, does not say there are no limits:\n%s", code, status)
 	}
+	status, _, code = moat(t, ws, "status", "--json")
+	if code != 0 || (noLimits && !strings.Contains(status, `"no_limits":"cgroup v1`)) {
+		t.Errorf("moat status --json: exit %d, has no no_limits:\n%s", code, status)
+	}
 
 	// A killed keeper takes the gate process, the shim and runsc's
 	// processes with it (parent-death signals, set again after each
