@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,42 +17,31 @@ import (
 	"testing"
 	"time"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/lockdown"
 )
 
 // TestRootlessMoat runs the moat binary as an ordinary user, exactly as
-// that user would type it, on the host set up as an administrator would
-// (setupHost): doctor finds every prerequisite, a sandbox starts with its
-// jailed gate process, what the agent writes in the workspace belongs to
-// the user, the missing limits are said plainly, an explicit disk limit
-// is refused, and destroy removes the state dir the namespace's ids own,
-// leaving no process of the user or of its subordinate ids behind.
+// that user would type it, with no sudo, on a host set up as an
+// administrator would (setupHost) and behind a test internet (startWorld):
+// doctor finds every prerequisite; a sandbox starts with its jailed gate
+// process; what the agent writes in the workspace belongs to the user;
+// run and exec pass exit codes on; a shell works through a terminal;
+// forwards work both ways; the gate keeps a denied name on the host,
+// refuses internal addresses and swaps a bound secret's placeholder for
+// its value; down and up keep the writable layer; the missing limits are
+// said plainly; destroy removes the state dir the namespace's ids own and
+// leaves no mount, namespace or process behind; an explicit disk limit is
+// refused.
 func TestRootlessMoat(t *testing.T) {
 	h := setupHost(t)
 	u := h.user
-	bin := moatBinary(t, h.base)
 	home := mkdirOwned(t, h.base, "home", u)
 	ws := mkdirOwned(t, h.base, "ws", u)
-	moat := func(t *testing.T, dir string, args ...string) (stdout, stderr string, code int) {
-		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		cmd := exec.CommandContext(ctx, bin, args...)
-		cmd.Dir = dir
-		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + home, "MOAT_HOME=" + home, "MOAT_RUNSC=" + h.runsc}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.uid, Gid: u.gid, Groups: []uint32{}}}
-		cmd.WaitDelay = 5 * time.Second
-		var so, se bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &so, &se
-		err := cmd.Run()
-		var ee *exec.ExitError
-		if errors.As(err, &ee) {
-			code = ee.ExitCode()
-		} else if err != nil {
-			t.Fatalf("moat %v: %v", args, err)
-		}
-		return so.String(), se.String(), code
-	}
+	w := startWorld(t, ws, u)
+	m := &moatUser{h: h, bin: moatBinary(t, h.base), home: home, env: w.env()}
+	moat := m.run
+	state := filepath.Join(home, "state", "sandboxes", "ws")
 	t.Cleanup(func() {
 		moat(t, ws, "destroy", "--yes", "ws")
 		waitNoProcs(t, h)
@@ -71,6 +64,8 @@ func TestRootlessMoat(t *testing.T) {
 		t.Errorf("moat doctor does not say there are no resource limits:\n%s", out)
 	}
 
+	// The project's network rules and secret need the user's consent: on
+	// no terminal, --trust-project at create.
 	stdout, stderr, code := moat(t, ws, "run", "--trust-project", "--", "sh", "-c", "echo hi > f && id -u")
 	if code != 0 {
 		t.Fatalf("moat run as %s: exit %d\nstdout: %s\nstderr: %s\ndaemon.log:\n%s", u.name, code, stdout, stderr, readLog(home))
@@ -102,6 +97,187 @@ func TestRootlessMoat(t *testing.T) {
 		t.Errorf("the rootless gate process is not jailed as the user: %v", err)
 	}
 
+	t.Run("exit_codes", func(t *testing.T) {
+		if so, se, code := moat(t, ws, "run", "--", "sh", "-c", "echo out; exit 7"); code != 7 || so != "out\n" {
+			t.Errorf("moat run -- sh -c 'echo out; exit 7': exit %d, stdout %q, want 7 and \"out\\n\"; stderr: %s", code, so, se)
+		}
+		// exec names the sandbox and runs from anywhere: here a directory
+		// that is not the workspace.
+		d := filepath.Join(ws, "d")
+		so, se, code := moat(t, h.base, "exec", "ws", "--", "sh", "-c", "id -u; cat "+filepath.Join(ws, "f")+"; mkdir "+d+" && echo g > "+d+"/g; exit 5")
+		if want := fmt.Sprintf("%d\nhi\n", u.uid); code != 5 || so != want {
+			t.Errorf("moat exec ws -- ...; exit 5: exit %d, stdout %q, want 5 and %q; stderr: %s", code, so, se, want)
+		}
+		for _, p := range []string{d, filepath.Join(d, "g")} {
+			if got := owner(t, p); got != u.uid {
+				t.Errorf("%s, made by exec, belongs to %s on the host, want the user %d", p, ownerString(got), u.uid)
+			}
+		}
+	})
+
+	t.Run("shell_through_a_terminal", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := m.command(ctx, ws, "shell")
+		cmd.Env = append(cmd.Env, "TERM=xterm")
+		term := startTerminal(t, cmd, u)
+		defer term.f.Close()
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		// The typed line echoes "UID=/'", never "UID=" and a digit.
+		term.f.Write([]byte("id -u | sed 's/^/UID=/'; tty | sed 's/^/TTY=/'\n"))
+		term.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
+		term.waitFor(t, fmt.Sprintf("UID=%d", u.uid), 5*time.Second)
+		term.f.Write([]byte("exit 3\n"))
+		select {
+		case err := <-done:
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 3 {
+				t.Errorf("the shell's end: %v, want exit status 3; the terminal showed:\n%s", err, term.shown())
+			}
+		case <-ctx.Done():
+			t.Errorf("the shell did not exit after exit 3; the terminal showed:\n%s", term.shown())
+		}
+	})
+
+	t.Run("forwards_both_ways", func(t *testing.T) {
+		const guestPort, gatewayPort = 8123, 5544
+		// A server in the guest, detached from the session, serving the workspace.
+		serve := fmt.Sprintf(`setsid -f python3 -m http.server %d --bind 0.0.0.0 --directory %s >/dev/null 2>&1
+for i in $(seq 1 100); do
+  python3 -c 'import socket; socket.create_connection(("127.0.0.1", %d), 1)' 2>/dev/null && { echo up; exit 0; }
+  sleep 0.1
+done
+echo down`, guestPort, ws, guestPort)
+		if so, se, code := moat(t, ws, "run", "--", "sh", "-c", serve); code != 0 || strings.TrimSpace(so) != "up" {
+			t.Fatalf("the guest's server: exit %d, %q; stderr: %s", code, so, se)
+		}
+		hostPort := freePort(t)
+		if _, se, code := moat(t, ws, "forward", "add", "ws", fmt.Sprintf("%d:%d", hostPort, guestPort)); code != 0 {
+			t.Fatalf("moat forward add ws %d:%d: exit %d: %s", hostPort, guestPort, code, se)
+		}
+		c := &http.Client{Timeout: 10 * time.Second}
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/f", hostPort))
+		if err != nil {
+			t.Fatalf("host → guest through 127.0.0.1:%d: %v", hostPort, err)
+		}
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != "hi\n" {
+			t.Errorf("host → guest through 127.0.0.1:%d: %s %q, want 200 and the workspace's f", hostPort, resp.Status, b)
+		}
+
+		served := hostServer(t, "127.0.0.1", "moat-reverse-ok")
+		if _, se, code := moat(t, ws, "forward", "add", "--reverse", "ws", fmt.Sprintf("%d:%d", served.port, gatewayPort)); code != 0 {
+			t.Fatalf("moat forward add --reverse ws %d:%d: exit %d: %s", served.port, gatewayPort, code, se)
+		}
+		// The listed gateway port reaches the host's server; the port of
+		// another server on the host's loopback is refused.
+		py := `import socket, sys
+for p in sys.argv[1:]:
+    try:
+        s = socket.create_connection(("` + gatewayIP + `", int(p)), 3)
+        s.settimeout(3)
+        print(p, "OK", s.makefile().readline().strip())
+    except ConnectionRefusedError:
+        print(p, "refused")
+    except Exception as e:
+        print(p, type(e).__name__)
+`
+		so, se, code := moat(t, ws, "run", "--", "python3", "-c", py, strconv.Itoa(gatewayPort), strconv.Itoa(w.loopback.port))
+		want := fmt.Sprintf("%d OK moat-reverse-ok\n%d refused\n", gatewayPort, w.loopback.port)
+		if code != 0 || so != want {
+			t.Errorf("guest → host: exit %d, got:\n%swant:\n%sstderr: %s", code, so, want, se)
+		}
+		if n := served.accepts.Load(); n != 1 {
+			t.Errorf("the reverse forward's host server accepted %d connections, want 1", n)
+		}
+		if n := w.loopback.accepts.Load(); n != 0 {
+			t.Errorf("an unlisted port of the host's 127.0.0.1 accepted %d connections from the guest", n)
+		}
+	})
+
+	t.Run("gate", func(t *testing.T) {
+		script := fmt.Sprintf(`o=$(mktemp -d)
+c() {
+  k=$1; shift
+  echo "$k=$(curl -sS --max-time 5 -D $o/$k.h -o $o/$k -w '%%{http_code}' "$@" 2>/dev/null; echo " rc=$?")"
+  echo "${k}_BY_GATE=$(grep -ci '^x-moat-denied:' $o/$k.h)"
+}
+c ALLOWED http://allowed.test/
+c DENIED http://denied.test/
+c LAN http://lan.test/
+c LANIP http://%[1]s/
+c LOOPBACK http://%[2]s:%[3]d/
+c HOSTIP http://%[4]s:%[5]d/
+echo "PH=$MOAT_TOKEN"
+c SECRET -H "Authorization: Bearer $MOAT_TOKEN" https://up.test/echo
+echo "SECRET_BODY=$(tr -d '\n' < $o/SECRET)"
+`, lanIP, gatewayIP, w.loopback.port, w.hostIP, w.lanIf.port)
+		so, se, code := moat(t, ws, "run", "--", "sh", "-c", script)
+		if code != 0 {
+			t.Fatalf("the guest's attempts: exit %d\nstdout: %s\nstderr: %s", code, so, se)
+		}
+		t.Logf("guest:\n%s", so)
+		f := fields(so)
+		if !strings.HasPrefix(f["ALLOWED"], "200 ") || w.allowed.Hits() == 0 {
+			t.Errorf("the positive control: allowed.test gave %q, its server had %d requests; want 200 and one", f["ALLOWED"], w.allowed.Hits())
+		}
+		// Refused: no connection, no answer, or the gate's own 403 page.
+		for _, k := range []string{"DENIED", "LAN", "LANIP", "LOOPBACK", "HOSTIP"} {
+			byGate := strings.HasPrefix(f[k], "403 ") && f[k+"_BY_GATE"] == "1"
+			if strings.HasSuffix(f[k], " rc=0") && !byGate {
+				t.Errorf("%s: the guest got %q, want a refusal", k, f[k])
+			}
+		}
+		// A denied name never leaves the host: the test's DNS server was
+		// asked only about names the policy allows, never denied.test.
+		if n := w.net.Asked("denied.test"); n != 0 {
+			t.Errorf("the upstream DNS server was asked about denied.test %d times: a denied name left the host", n)
+		}
+		for _, q := range w.net.Queries() {
+			name, _, _ := strings.Cut(q, " ")
+			if name != "allowed.test" && name != "up.test" && name != "lan.test" {
+				t.Errorf("the upstream DNS server was asked %q: only names the policy allows may leave the host", q)
+			}
+		}
+		for what, n := range map[string]int{
+			"denied.test's server":                      w.denied.Conns(),
+			"lan.test's server (" + lanIP + ")":         w.lan.Conns(),
+			"the host's 127.0.0.1 server":               int(w.loopback.accepts.Load()),
+			"the host's LAN address (" + w.hostIP + ")": int(w.lanIf.accepts.Load()),
+		} {
+			if n != 0 {
+				t.Errorf("%s accepted %d connections from the guest", what, n)
+			}
+		}
+		// Each refusal is in the audit log, written by the jailed gate
+		// process as the user.
+		for _, name := range []string{"denied.test", "lan.test"} {
+			if !auditDenied(t, state, name) {
+				t.Errorf("no deny record for %s in %s within %v", name, filepath.Join(state, "audit"), auditWait)
+			}
+		}
+		// The bound secret: the guest holds a placeholder, the upstream
+		// receives the value, and the value never comes back in.
+		if ph := f["PH"]; !strings.HasPrefix(ph, "moat-ph-") || strings.Contains(ph, w.token) {
+			t.Errorf("the guest's MOAT_TOKEN is %q, want a placeholder", ph)
+		}
+		if !strings.HasPrefix(f["SECRET"], "200 ") {
+			t.Errorf("the request to up.test: %q, want 200", f["SECRET"])
+		}
+		var got []string
+		for _, r := range w.up.Requests() {
+			got = append(got, r.Header.Get("Authorization"))
+		}
+		if len(got) != 1 || got[0] != "Bearer "+w.token {
+			t.Errorf("up.test received Authorization %q, want once the secret's value (the guest sent %q)", got, "Bearer "+f["PH"])
+		}
+		if strings.Contains(so, w.token) {
+			t.Errorf("the secret's value reached the guest:\n%s", so)
+		}
+	})
+
 	status, _, code := moat(t, ws, "status")
 	if code != 0 || (noLimits && !strings.Contains(status, "limits:     none")) {
 		t.Errorf("moat status: exit %d, does not say there are no limits:\n%s", code, status)
@@ -110,6 +286,23 @@ func TestRootlessMoat(t *testing.T) {
 	if code != 0 || (noLimits && !strings.Contains(status, `"no_limits":"cgroup v1`)) {
 		t.Errorf("moat status --json: exit %d, has no no_limits:\n%s", code, status)
 	}
+
+	t.Run("down_up_keeps_the_writable_layer", func(t *testing.T) {
+		write := `echo kept > /var/tmp/keep && echo kept > "$HOME/keep" && cat /var/tmp/keep "$HOME/keep"`
+		if so, se, code := moat(t, ws, "run", "--", "sh", "-c", write); code != 0 || so != "kept\nkept\n" {
+			t.Fatalf("writing /var/tmp/keep and ~/keep in the guest: exit %d, stdout %q\nstderr: %s", code, so, se)
+		}
+		if _, se, code := moat(t, ws, "down"); code != 0 {
+			t.Fatalf("moat down: exit %d: %s", code, se)
+		}
+		waitNoProcs(t, h)
+		if _, se, code := moat(t, ws, "up"); code != 0 {
+			t.Fatalf("moat up: exit %d: %s\ndaemon.log:\n%s", code, se, readLog(home))
+		}
+		if so, se, code := moat(t, ws, "run", "--", "sh", "-c", `cat /var/tmp/keep "$HOME/keep"`); code != 0 || so != "kept\nkept\n" {
+			t.Errorf("after down and up: exit %d, stdout %q, want both files kept\nstderr: %s", code, so, se)
+		}
+	})
 
 	// A killed keeper takes the gate process, the shim and runsc's
 	// processes with it (parent-death signals, set again after each
@@ -126,14 +319,31 @@ func TestRootlessMoat(t *testing.T) {
 	}
 
 	// Destroy: the state dir holds the namespace's files (runsc's root,
-	// the overlays' layers), which only a user namespace can remove.
+	// the overlays' layers), which only a user namespace can remove; no
+	// mount, namespace or process of the sandbox may outlive it. Each scan
+	// must see the running sandbox first, or it could not fail.
+	nsBefore := h.sandboxNamespaces()
+	mountsBefore := mountsUnder(state)
+	heldBefore := nsHolders(nsBefore)
+	t.Logf("before destroy: %d namespaces of the sandbox held in %d places, %d mounts under its state dir", len(nsBefore), len(heldBefore), len(mountsBefore))
+	if len(heldBefore) == 0 || len(mountsBefore) == 0 {
+		t.Errorf("the running sandbox shows %d namespaces held in %d places and %d mounts under %s: the scans see nothing", len(nsBefore), len(heldBefore), len(mountsBefore), state)
+	}
 	if _, se, code := moat(t, ws, "destroy", "--yes", "ws"); code != 0 {
 		t.Fatalf("moat destroy: exit %d: %s", code, se)
 	}
-	if _, err := os.Stat(filepath.Join(home, "state", "sandboxes", "ws")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(state); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the state dir is still there after destroy: %v", err)
 	}
 	waitNoProcs(t, h)
+	if held := nsHolders(nsBefore); len(held) > 0 {
+		t.Errorf("after destroy, the sandbox's namespaces are still held:\n%s", strings.Join(held, "\n"))
+	}
+	for _, dir := range []string{state, ws} {
+		if left := mountsUnder(dir); len(left) > 0 {
+			t.Errorf("after destroy, mounts at or under %s:\n%s", dir, strings.Join(left, "\n"))
+		}
+	}
 
 	// An explicit disk limit needs root: refused, with what to do.
 	ws2 := mkdirOwned(t, h.base, "ws2", u)
@@ -145,6 +355,50 @@ func TestRootlessMoat(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr, "disk limit needs root") || !strings.Contains(stderr, `disk = "unlimited"`) {
 		t.Errorf("moat run with [sandbox] disk set, rootless: exit %d, want a refusal naming the fix; stderr:\n%s", code, stderr)
 	}
+}
+
+// auditWait bounds waiting for an audit record: one is written when its
+// flow ends, a moment after the guest saw the refusal.
+const auditWait = 3 * time.Second
+
+// auditDenied waits for a deny record naming name in the sandbox's audit log.
+func auditDenied(t *testing.T, state, name string) bool {
+	t.Helper()
+	for deadline := time.Now().Add(auditWait); ; {
+		found := false
+		err := audit.Read(filepath.Join(state, "audit", "audit.jsonl"), func(r audit.Record) bool {
+			found = r.Verdict == audit.Deny && r.Name == name
+			return !found
+		})
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			t.Fatalf("reading the audit log: %v", err)
+		}
+		if found {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// run runs moat as the user in dir, bounded in time.
+func (m *moatUser) run(t *testing.T, dir string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := m.command(ctx, dir, args...)
+	var so, se bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &so, &se
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("moat %v: %v", args, err)
+	}
+	return so.String(), se.String(), code
 }
 
 // moatBinary is MOAT_BIN, else moat built for the test; copied where the
