@@ -17,8 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
+
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/test/inet"
 )
 
 // TestRootlessMoat runs the moat binary as an ordinary user, exactly as
@@ -128,6 +131,20 @@ func TestRootlessMoat(t *testing.T) {
 		term.f.Write([]byte("id -u | sed 's/^/UID=/'; tty | sed 's/^/TTY=/'\n"))
 		term.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
 		term.waitFor(t, fmt.Sprintf("UID=%d", u.uid), 5*time.Second)
+		// A resize reaches the guest's terminal; Ctrl-C interrupts the
+		// guest's command, not the session.
+		if err := pty.Setsize(term.f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		term.f.Write([]byte("stty size | sed 's/^/SIZE=/'\n"))
+		term.waitFor(t, "SIZE=40 100", 10*time.Second)
+		term.f.Write([]byte("sleep 30\n"))
+		time.Sleep(500 * time.Millisecond)
+		term.f.Write([]byte{3})
+		time.Sleep(300 * time.Millisecond)
+		term.f.Write([]byte("echo ALIVE-$((40+2))\n"))
+		term.waitFor(t, "ALIVE-42", 10*time.Second)
 		term.f.Write([]byte("exit 3\n"))
 		select {
 		case err := <-done:
@@ -210,10 +227,22 @@ c LAN http://lan.test/
 c LANIP http://%[1]s/
 c LOOPBACK http://%[2]s:%[3]d/
 c HOSTIP http://%[4]s:%[5]d/
+# Around the gate's resolver: a question straight to the test internet's DNS server.
+echo "DIRECT_DNS=$(python3 -c '
+import socket
+q = bytes.fromhex("abcd01000001000000000000") + b"\x06denied\x04test\x00\x00\x01\x00\x01"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(2)
+try:
+    s.sendto(q, ("%[6]s", 53))
+    print("answered", len(s.recv(512)))
+except Exception as e:
+    print(type(e).__name__)
+' 2>&1)"
 echo "PH=$MOAT_TOKEN"
 c SECRET -H "Authorization: Bearer $MOAT_TOKEN" https://up.test/echo
 echo "SECRET_BODY=$(tr -d '\n' < $o/SECRET)"
-`, lanIP, gatewayIP, w.loopback.port, w.hostIP, w.lanIf.port)
+`, lanIP, gatewayIP, w.loopback.port, w.hostIP, w.lanIf.port, inet.DNSAddr.Addr())
 		so, se, code := moat(t, ws, "run", "--", "sh", "-c", script)
 		if code != 0 {
 			t.Fatalf("the guest's attempts: exit %d\nstdout: %s\nstderr: %s", code, so, se)
