@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -54,6 +53,13 @@ func RunGate(o Options) error {
 }
 
 func (d *daemon) runGate() error {
+	// Each set-up step's share, for the "locked down" log line.
+	t := time.Now()
+	var phases []any
+	mark := func(name string) {
+		phases = append(phases, name, time.Since(t).Microseconds())
+		t = time.Now()
+	}
 	// The keeper drives the stop; a signal meant for the daemon's
 	// process group is not this process's to act on.
 	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
@@ -79,6 +85,7 @@ func (d *daemon) runGate() error {
 	if rec.GateUID == 0 {
 		return errors.New("the record has no gate uid")
 	}
+	mark("handover_us")
 
 	// Set-up, as root: everything read from the host is read now.
 	ca, creds, err := d.startCredentials(ctx)
@@ -86,6 +93,7 @@ func (d *daemon) runGate() error {
 		return err
 	}
 	d.ca, d.creds = ca, creds
+	mark("credentials_us")
 	if err := d.writeGuestSpec(); err != nil {
 		return err
 	}
@@ -96,6 +104,7 @@ func (d *daemon) runGate() error {
 	}
 	d.net = nw
 	defer nw.close()
+	mark("network_us")
 	proxy, err := d.newProxy()
 	if err != nil {
 		return err
@@ -109,9 +118,12 @@ func (d *daemon) runGate() error {
 	defer ln.Close()
 	defer srv.Close()
 
+	mark("proxy_us")
 	if err := d.lockDown(rec.GateUID); err != nil {
 		return fmt.Errorf("locking the gate process down: %w", err)
 	}
+	mark("lockdown_us")
+	d.log.Info("gate process locked down", append([]any{"uid", rec.GateUID}, phases...)...)
 	fds, err := l.call(ctx, "go", nil, nil)
 	if err != nil {
 		return err
@@ -191,13 +203,19 @@ func (d *daemon) writeGuestSpec() error {
 // audit directory. What the standard library would read lazily from the
 // host is read first.
 func (d *daemon) lockDown(uid int) error {
-	time.Now().Zone()     // /etc/localtime, for the log's times
-	x509.SystemCertPool() // the roots upstream TLS is verified against
+	time.Now().Zone() // /etc/localtime, for the log's times
 	lim := d.gateLimits()
 	ppid := os.Getppid()
+	binds := []lockdown.Bind{{Path: state.AuditDir(d.o.Dir), Writable: true}}
+	// The system's root certificates, read-only, where Go looks for
+	// them: read lazily at the first upstream TLS handshake the gate
+	// verifies (most sandboxes have none), not on the start path.
+	for _, p := range systemRoots() {
+		binds = append(binds, lockdown.Bind{Path: p})
+	}
 	err := lockdown.Apply(lockdown.Config{
 		UID: uid, GID: uid,
-		Binds: []lockdown.Bind{{Path: state.AuditDir(d.o.Dir), Writable: true}},
+		Binds: binds,
 		// A socket per guest connection and per session, the audit
 		// log's files, the listeners of forwards, and room for the
 		// runtime.
@@ -212,7 +230,6 @@ func (d *daemon) lockDown(uid int) error {
 	if os.Getppid() != ppid {
 		return errors.New("the keeper is gone")
 	}
-	d.log.Info("gate process locked down", "uid", uid)
 	return nil
 }
 
@@ -326,4 +343,32 @@ func (d *daemon) secretRemote() secret.RemoteRead {
 		}
 		return a.Value, nil
 	}
+}
+
+// systemRoots are the places crypto/x509 reads the system's root
+// certificates from on Linux that exist on this host (its own list, and
+// SSL_CERT_FILE and SSL_CERT_DIR), for the jail to keep.
+func systemRoots() []string {
+	cands := []string{
+		"/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/ca-bundle.pem",
+		"/etc/pki/tls/cacert.pem", "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem", "/etc/ssl/cert.pem",
+		"/etc/ssl/certs", "/etc/pki/tls/certs",
+	}
+	if f := os.Getenv("SSL_CERT_FILE"); f != "" {
+		cands = append(cands, f)
+	}
+	cands = append(cands, filepath.SplitList(os.Getenv("SSL_CERT_DIR"))...)
+	var out []string
+	seen := map[string]bool{}
+	for _, c := range cands {
+		c = filepath.Clean(c)
+		if !filepath.IsAbs(c) || seen[c] {
+			continue
+		}
+		if _, err := os.Stat(c); err == nil {
+			seen[c] = true
+			out = append(out, c)
+		}
+	}
+	return out
 }
