@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"moat.dev/moat/internal/lockdown"
 	"moat.dev/moat/internal/runtime"
 )
 
@@ -60,6 +61,12 @@ Exits 4 when something is missing.`,
 				}, "apt-get install sudo"})
 				checks = append(checks, diskChecks()...)
 			}
+			checks = append(checks, check{"the gate process's jail (mount namespace, seccomp, no capabilities)", func() (bool, string) {
+				if err := lockdown.Supported(); err != nil {
+					return false, err.Error()
+				}
+				return true, ""
+			}, "use a Linux 5.2 or newer kernel with seccomp, on amd64 or arm64, and a moat built with CGO_ENABLED=0 (scripts/setup.sh)"})
 			checks = append(checks, check{"gVisor platform", func() (bool, string) {
 				// Informational: auto falls back to systrap, which always works.
 				if k := runtime.HostKVM(); !k.Usable {
