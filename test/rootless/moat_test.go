@@ -104,6 +104,19 @@ func TestRootlessMoat(t *testing.T) {
 		if so, se, code := moat(t, ws, "run", "--", "sh", "-c", "echo out; exit 7"); code != 7 || so != "out\n" {
 			t.Errorf("moat run -- sh -c 'echo out; exit 7': exit %d, stdout %q, want 7 and \"out\\n\"; stderr: %s", code, so, se)
 		}
+		// 128+N for a command killed by signal N (moat help exit-codes);
+		// 127 for one the guest cannot find, as a shell says.
+		for _, c := range []struct {
+			args []string
+			want int
+		}{
+			{[]string{"sh", "-c", "kill -TERM $$"}, 128 + int(syscall.SIGTERM)},
+			{[]string{"moat-rootless-no-such-command"}, 127},
+		} {
+			if _, se, code := moat(t, ws, append([]string{"run", "--"}, c.args...)...); code != c.want {
+				t.Errorf("moat run -- %q: exit %d, want %d; stderr: %s", c.args, code, c.want, se)
+			}
+		}
 		// exec names the sandbox and runs from anywhere: here a directory
 		// that is not the workspace.
 		d := filepath.Join(ws, "d")
@@ -365,8 +378,17 @@ echo "SECRET_BODY=$(tr -d '\n' < $o/SECRET)"
 		t.Errorf("the state dir is still there after destroy: %v", err)
 	}
 	waitNoProcs(t, h)
-	if held := nsHolders(nsBefore); len(held) > 0 {
-		t.Errorf("after destroy, the sandbox's namespaces are still held:\n%s", strings.Join(held, "\n"))
+	// As for processes, teardown may finish a moment after destroy returns.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		held := nsHolders(nsBefore)
+		if len(held) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("10 s after destroy, the sandbox's namespaces are still held:\n%s", strings.Join(held, "\n"))
+			break
+		}
+		t.Logf("after destroy, still held (waiting):\n%s", strings.Join(held, "\n"))
 	}
 	for _, dir := range []string{state, ws} {
 		if left := mountsUnder(dir); len(left) > 0 {
