@@ -119,14 +119,15 @@ type daemon struct {
 	booted     chan struct{} // closed once the sandbox is set up and running
 
 	// The keeper's side of the gate process (keeper.go).
-	gate     *link // to the gate process
-	gatePID  int
-	gateIDs  gateIDs
-	shim     *shimConn
-	guestGo  chan struct{} // closed once the gate process has started the guest
-	goOnce   sync.Once
-	agentUp  sync.Once // the OOM guard starts once the guest agent answers
-	bootOnce sync.Once
+	gate      *link // to the gate process
+	gatePID   int
+	gateIDs   gateIDs
+	shim      *shimConn
+	guestGo   chan struct{} // closed once the gate process has started the guest
+	shimReady chan struct{} // closed once d.shim is set
+	goOnce    sync.Once
+	agentUp   sync.Once // the OOM guard starts once the guest agent answers
+	bootOnce  sync.Once
 
 	// The gate process's side (gateproc.go): its link to the keeper and
 	// its copy of the record, which only the keeper writes.
@@ -138,7 +139,7 @@ type daemon struct {
 
 // Run is the daemon's main: it returns when the sandbox has stopped.
 func Run(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
 	err := d.run()
 	if err != nil && o.Ready != nil {
 		fmt.Fprintf(o.Ready, "error: %v\n", err)
@@ -168,7 +169,7 @@ func (d *daemon) run() error {
 		return err
 	}
 	defer removeGroup()
-	ids, err := d.prepare()
+	ids, err := d.prepareGate()
 	if err != nil {
 		d.setStopped(state.StopError, err)
 		return err
@@ -193,39 +194,41 @@ func (d *daemon) run() error {
 		t := time.Now()
 		return func() { phases = append(phases, name, time.Since(t).Milliseconds()) }
 	}
-	// The shim mounts the root filesystem and creates tap0 while the gate
-	// process starts; the shim starts the guest only on the gate
-	// process's word, once the gate runs: a policy that does not compile
-	// stops the start before any guest exists.
-	exited := make(chan error, 1)
-	shim, err := d.startShim(exited)
-	if err != nil {
-		d.setStopped(state.StopError, err)
-		return err
-	}
-	defer shim.Close()
-	d.shim = shim
-	// stopShim ends a start that failed after the shim began.
-	stopShim := func(err error) error {
-		shim.Close() // the shim gives up on its own when it waits for the word
-		d.kill()
-		<-exited
-		d.setStopped(state.StopError, err)
-		return err
-	}
-	// The gate process sets itself up while the shim mounts the root
-	// filesystem and creates tap0; its "go" takes tap0 and starts the
-	// guest.
+	// The gate process sets itself up (and locks itself down) while the
+	// keeper readies the writable layer and the shim mounts the root
+	// filesystem and creates tap0; the gate process's "go" takes tap0 and
+	// starts the guest: a policy that does not compile stops the start
+	// before any guest exists.
 	done := mark("gate_ms")
 	gp, err := d.startGate(ids)
 	if err != nil {
-		return stopShim(err)
+		d.setStopped(state.StopError, err)
+		return err
 	}
 	defer gp.stop()
 	d.gate = gp.link
 	// stopGate ends a start that failed once the gate process runs.
 	stopGate := func(err error) error {
 		gp.link.Close()
+		gp.stop()
+		d.setStopped(state.StopError, err)
+		return err
+	}
+	if err := d.prepareShim(); err != nil {
+		return stopGate(err)
+	}
+	exited := make(chan error, 1)
+	shim, err := d.startShim(exited)
+	if err != nil {
+		return stopGate(err)
+	}
+	defer shim.Close()
+	d.shim = shim
+	close(d.shimReady)
+	// From here a failed start stops the shim too.
+	stopBoth := func(err error) error {
+		gp.link.Close()
+		shim.Close() // the shim gives up on its own when it waits for the word
 		d.kill()
 		<-exited
 		gp.stop()
@@ -235,9 +238,9 @@ func (d *daemon) run() error {
 	select {
 	case <-d.guestGo:
 	case err := <-gp.exited:
-		return stopShim(fmt.Errorf("the gate process exited before the guest started: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+		return stopBoth(fmt.Errorf("the gate process exited before the guest started: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
 	case s := <-sigs:
-		return stopGate(fmt.Errorf("stopped by %v while starting", s))
+		return stopBoth(fmt.Errorf("stopped by %v while starting", s))
 	case <-d.stopCh:
 		// The gate process failed its set-up (and said why), or a stop
 		// came first.
@@ -245,7 +248,7 @@ func (d *daemon) run() error {
 		if why == "" {
 			why = "stopped while starting"
 		}
-		return stopGate(errors.New(why))
+		return stopBoth(errors.New(why))
 	}
 	done()
 	done = mark("boot_ms")
@@ -257,9 +260,9 @@ func (d *daemon) run() error {
 		d.setStopped(state.StopCrash, fmt.Errorf("guest exited while starting: %v (see %s)", err, filepath.Join(d.o.Dir, "daemon.log")))
 		return fmt.Errorf("guest exited while starting: %v", err)
 	case err := <-gp.exited:
-		return stopGate(fmt.Errorf("the gate process exited while starting: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+		return stopBoth(fmt.Errorf("the gate process exited while starting: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
 	case s := <-sigs:
-		return stopGate(fmt.Errorf("stopped by %v while starting", s))
+		return stopBoth(fmt.Errorf("stopped by %v while starting", s))
 	case <-d.stopCh:
 		return d.stopNow(gp, exited)
 	}
@@ -317,11 +320,10 @@ func (d *daemon) stopNow(gp *gateProc, exited chan error) error {
 	return cause
 }
 
-// prepare makes the guest's directory, clears what a crashed run left
-// and writes the shim's plan; the gate process writes the guest's files
-// into the directory (gateproc.go). It returns the ids the gate process
-// runs as.
-func (d *daemon) prepare() (gateIDs, error) {
+// prepareGate makes what the gate process needs before it starts: the
+// guest's directory (it writes the guest's files there, gateproc.go), its
+// ids and its audit directory. It returns the ids.
+func (d *daemon) prepareGate() (gateIDs, error) {
 	guestDir := d.o.Plan.GuestDir
 	// 0755: the guest's agent user reads ca.pem (NODE_EXTRA_CA_CERTS)
 	// and guest.json through /.moat; the host key inside stays 0600, and
@@ -339,15 +341,21 @@ func (d *daemon) prepare() (gateIDs, error) {
 	if err := prepareAuditDir(d.o.Dir, ids); err != nil {
 		return gateIDs{}, err
 	}
+	os.Remove(control.Socket(d.o.Dir))
+	return ids, nil
+}
+
+// prepareShim clears what a crashed run left of runsc, readies the
+// writable layer and writes the shim's plan.
+func (d *daemon) prepareShim() error {
 	// No runsc of ours can be alive (we hold the daemon lock and its
 	// namespaces died with the last daemon), so its state is stale.
 	os.RemoveAll(runtime.RunscRoot(d.o.Dir))
 	os.MkdirAll(runtime.RunscRoot(d.o.Dir), 0o700)
-	os.Remove(control.Socket(d.o.Dir))
 	if err := runtime.PrepareDisk(d.o.Plan, d.log); err != nil {
-		return gateIDs{}, err
+		return err
 	}
-	return ids, runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
+	return runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
 }
 
 // startShim starts the shim in new mount and network namespaces with a

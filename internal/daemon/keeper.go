@@ -341,6 +341,13 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		if err := lockdown.Verify(d.gatePID, lockdown.Config{UID: d.gateIDs.UID, GID: d.gateIDs.GID}); err != nil {
 			return nil, nil, err
 		}
+		select {
+		case <-d.shimReady:
+		case <-d.stopCh:
+			return nil, nil, errors.New("the sandbox is stopping")
+		case <-time.After(bootTimeout):
+			return nil, nil, errors.New("the shim did not start")
+		}
 		var tap *os.File
 		var err error
 		d.goOnce.Do(func() {
