@@ -177,7 +177,7 @@ func (b *memBin) heldRSS(t *testing.T, name, kind, target string, n int) float64
 	t.Helper()
 	b.up(t, name)
 	defer b.destroy(name)
-	pid := b.daemonPID(t, name)
+	pid := gateProcess(t, b.daemonPID(t, name))
 	time.Sleep(time.Second)
 	base := statusBytes(t, pid, "VmRSS")
 	h := startHold(t, b.cmd, name, b.probe, kind, target, n, 180)

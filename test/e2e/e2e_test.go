@@ -305,6 +305,14 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 	if len(ourCgroups()) == 0 {
 		t.Fatal("no cgroup of the running sandbox found under /sys/fs/cgroup: the check below would prove nothing")
 	}
+	t.Cleanup(func() {
+		// What the reaper said, before the project's clean-up removes it.
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(moatHome, "state/sandboxes/crashy/daemon.log"))
+			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+			t.Logf("daemon.log, last lines:\n%s", strings.Join(lines[max(0, len(lines)-25):], "\n"))
+		}
+	})
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,8 @@ func TestGateBackpressure(t *testing.T) {
 	b.up(t)
 	bound := int64(resources.DaemonLimit(memoryMax))
 
-	pid := a.daemonPID(t)
+	// The gate process holds the connections and their buffers.
+	pid := gateProcess(t, a.daemonPID(t))
 	base := statusBytes(t, pid, "VmRSS")
 	cmd := func(ctx context.Context, args ...string) *exec.Cmd {
 		c := exec.CommandContext(ctx, moatBin, args...)

@@ -49,7 +49,8 @@ func TestGateUnderLoad(t *testing.T) {
 	a.up(t)
 	b.up(t)
 
-	pid := a.daemonPID(t)
+	// The gate process holds the flood's flows.
+	pid := gateProcess(t, a.daemonPID(t))
 	fdsBefore := countFDs(t, pid)
 	const idle, slow, bighead, bighello, dnsidle = 2000, 200, 5, 5, 300
 
@@ -141,7 +142,7 @@ func TestGateUnderLoad(t *testing.T) {
 	}
 
 	// Afterwards: the same daemon, serving again, with its fds given back.
-	if err := syscall.Kill(pid, 0); err != nil || a.daemonPID(t) != pid {
+	if err := syscall.Kill(pid, 0); err != nil || gateProcess(t, a.daemonPID(t)) != pid {
 		t.Fatalf("the flooded sandbox's daemon (pid %d) did not survive: %v\n%s", pid, err, a.daemonLog())
 	}
 	after := a.sh(t, "curl -sS -o /dev/null --max-time 5 -w '%{http_code}' http://allowed.test/")

@@ -733,6 +733,21 @@ func (g *gateEnv) snmpCounter(t *testing.T, group, field string) int64 {
 	return 0
 }
 
+// gateProcess is the gate process of the daemon whose keeper is keeper:
+// the process that reads the guest's bytes, where the gate's memory and
+// descriptors are. A daemon of one process (a moat from before the split,
+// as the benchmarks' baseline runs it) is its own gate process;
+// TestPrivilegeSeparation fails if the binary under test has none.
+func gateProcess(t *testing.T, keeper int) int {
+	t.Helper()
+	for _, p := range processTree(keeper) {
+		if a := cmdline(p); len(a) > 1 && a[1] == "__gate" {
+			return p
+		}
+	}
+	return keeper
+}
+
 func (g *gateEnv) daemonPID(t *testing.T) int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(g.state, "daemon.pid"))

@@ -30,7 +30,7 @@ func TestPrivilegeSeparation(t *testing.T) {
 	otherState := filepath.Join(moatHome, "state", "sandboxes", "privsep2")
 
 	keeper := pidFile(t, state)
-	procs := descendants(keeper)
+	procs := processTree(keeper)
 	var gate, shim int
 	for _, p := range procs {
 		switch args := cmdline(p); {
@@ -71,7 +71,7 @@ func TestPrivilegeSeparation(t *testing.T) {
 		}
 		// A uid of its own: not the other sandbox's gate's.
 		otherGate := 0
-		for _, p := range descendants(pidFile(t, otherState)) {
+		for _, p := range processTree(pidFile(t, otherState)) {
 			if a := cmdline(p); len(a) > 1 && a[1] == "__gate" {
 				otherGate = p
 			}
@@ -148,37 +148,6 @@ func pidFile(t *testing.T, state string) int {
 		t.Fatal(err)
 	}
 	return pid
-}
-
-// descendants are pid's children, theirs, and so on, from /proc.
-func descendants(pid int) []int {
-	children := map[int][]int{}
-	ents, _ := os.ReadDir("/proc")
-	for _, e := range ents {
-		p, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) > 1 {
-			pp, _ := strconv.Atoi(f[1])
-			children[pp] = append(children[pp], p)
-		}
-	}
-	var out []int
-	queue := []int{pid}
-	for len(queue) > 0 && len(out) < 10000 {
-		p := queue[0]
-		queue = queue[1:]
-		out = append(out, p)
-		queue = append(queue, children[p]...)
-	}
-	return out
 }
 
 func cmdline(pid int) []string {

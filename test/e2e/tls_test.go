@@ -654,10 +654,10 @@ echo "START=$m"
 	}
 }
 
-// daemonHWM is the daemon's peak resident set (VmHWM), in bytes.
+// daemonHWM is the gate process's peak resident set (VmHWM), in bytes.
 func (e *tlsEnv) daemonHWM(t *testing.T) int64 {
 	t.Helper()
-	return statusBytes(t, e.daemonPID(t), "VmHWM")
+	return statusBytes(t, gateProcess(t, e.daemonPID(t)), "VmHWM")
 }
 
 // statusBytes is a memory field of /proc/PID/status (VmHWM, VmRSS), in bytes.
