@@ -322,7 +322,11 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 		return nil, err
 	}
 	if state.DaemonAlive(dir) {
-		return nil, e.waitRunning(dir)
+		again, err := e.waitRunning(dir)
+		if err != nil || !again {
+			return nil, err
+		}
+		// Its daemon was finishing a stop: this start makes a new one.
 	}
 	if _, err := os.Stat(e.runsc); err != nil {
 		return nil, codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
@@ -497,34 +501,38 @@ func connectWhileBooting(ctx context.Context, dir string) *ssh.Client {
 	}
 }
 
-// waitRunning waits for a daemon that is already starting.
-func (e *env) waitRunning(dir string) error {
+// waitRunning waits for a daemon that is already starting. again is
+// true when that daemon was instead finishing a stop (the record says
+// stopping, or stopped for a reason other than a failed start) and is now
+// gone: the caller starts the sandbox afresh.
+func (e *env) waitRunning(dir string) (again bool, err error) {
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		r, err := state.Load(dir)
 		if err != nil {
-			return err
+			return false, err
 		}
 		if r.Hook != "" {
 			// Set-up hooks run (a dependency install, say): the daemon
 			// bounds them itself.
 			deadline = time.Now().Add(90 * time.Second)
 		}
-		switch r.State {
-		case state.StateRunning:
-			return nil
-		case state.StateStopping:
-			// A stop is in flight: wait for it, then start afresh.
-			if !state.DaemonAlive(dir) {
-				return nil
+		alive := state.DaemonAlive(dir)
+		switch {
+		case r.State == state.StateRunning:
+			return false, nil
+		case r.State == state.StateStopping, r.State == state.StateStopped && r.StopReason != state.StopError:
+			// A stop is in flight, or done and its daemon exiting
+			// (its clean-up follows the record's last word).
+			if !alive {
+				return true, nil
 			}
-		}
-		if !state.DaemonAlive(dir) {
-			return fmt.Errorf("sandbox %q stopped while starting: %s", r.Name, r.Error)
+		case !alive:
+			return false, fmt.Errorf("sandbox %q stopped while starting: %s", r.Name, r.Error)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return errors.New("timed out waiting for the sandbox to start")
+	return false, errors.New("timed out waiting for the sandbox to start")
 }
 
 // stop asks the daemon to stop and waits until it is gone.
