@@ -77,7 +77,7 @@ func Shim(planPath string) error {
 	}
 	tapc := make(chan tap, 1)
 	go func() {
-		fd, err := createTAP()
+		fd, err := CreateTAP()
 		tapc <- tap{fd, err}
 	}()
 	rootPath, mounts, err := p.mountRootfs()
@@ -350,10 +350,11 @@ func overlay(lower, upper, work, target string, rootless bool) error {
 	return nil
 }
 
-// createTAP creates tap0 in this network namespace, configured as the
+// CreateTAP creates tap0 in this network namespace, configured as the
 // guest's interface (the address is taken over by gVisor's netstack inside
-// the sandbox), and returns its fd.
-func createTAP() (int, error) {
+// the sandbox), and returns its fd. The shim's; exported for the rootless
+// recipe's test.
+func CreateTAP() (int, error) {
 	// No IPv6 in the sandbox's namespace: otherwise the kernel gives tap0
 	// a link-local fe80:: address, gVisor copies it into the guest, and the
 	// guest has an IPv6 path the gate never meant to offer (threat model 5).

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/netstack"
@@ -268,7 +267,7 @@ func childMain() error {
 	if err := unix.Mount("proc", "/proc", "proc", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 		return fmt.Errorf("mounting /proc: %w", err)
 	}
-	tapFD, err := createTAP()
+	tapFD, err := runtime.CreateTAP()
 	if err != nil {
 		return fmt.Errorf("creating tap device: %w", err)
 	}
@@ -429,68 +428,3 @@ echo %[2]s > /dev/udp/%[3]s/%[4]d
 
 var caps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_NET_RAW", "CAP_SYS_ADMIN"}
 
-// createTAP and configureLinks copy internal/runtime's (unexported):
-// tap0 configured as the guest's interface.
-func createTAP() (int, error) {
-	for _, k := range []string{"default", "all"} {
-		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+k+"/disable_ipv6", []byte("1"), 0)
-		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return -1, fmt.Errorf("disabling IPv6: %w", err)
-		}
-	}
-	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return -1, fmt.Errorf("opening /dev/net/tun: %w", err)
-	}
-	ifr, err := unix.NewIfreq("tap0")
-	if err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	ifr.SetUint16(unix.IFF_TAP | unix.IFF_NO_PI)
-	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
-		unix.Close(fd)
-		return -1, fmt.Errorf("TUNSETIFF: %w", err)
-	}
-	if err := configureLinks(); err != nil {
-		unix.Close(fd)
-		return -1, err
-	}
-	return fd, nil
-}
-
-func configureLinks() error {
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("finding lo: %w", err)
-	}
-	if err := netlink.LinkSetUp(lo); err != nil {
-		return fmt.Errorf("bringing lo up: %w", err)
-	}
-	tap, err := netlink.LinkByName("tap0")
-	if err != nil {
-		return fmt.Errorf("finding tap0: %w", err)
-	}
-	if err := netlink.LinkSetMTU(tap, netstack.MTU); err != nil {
-		return fmt.Errorf("setting tap0 mtu: %w", err)
-	}
-	addr := &netlink.Addr{IPNet: &net.IPNet{IP: netstack.Guest.AsSlice(), Mask: net.CIDRMask(netstack.PrefixLen, 32)}}
-	if err := netlink.AddrAdd(tap, addr); err != nil {
-		return fmt.Errorf("adding tap0 address: %w", err)
-	}
-	if err := netlink.LinkSetUp(tap); err != nil {
-		return fmt.Errorf("bringing tap0 up: %w", err)
-	}
-	if err := netlink.RouteAdd(&netlink.Route{LinkIndex: tap.Attrs().Index, Gw: netstack.Gateway.AsSlice()}); err != nil {
-		return fmt.Errorf("adding default route: %w", err)
-	}
-	if err := netlink.NeighAdd(&netlink.Neigh{
-		LinkIndex:    tap.Attrs().Index,
-		State:        netlink.NUD_PERMANENT,
-		IP:           netstack.Gateway.AsSlice(),
-		HardwareAddr: net.HardwareAddr(netstack.GatewayMAC),
-	}); err != nil && !errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("adding gateway neighbour: %w", err)
-	}
-	return nil
-}
