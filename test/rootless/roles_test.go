@@ -427,4 +427,3 @@ echo %[2]s > /dev/udp/%[3]s/%[4]d
 }
 
 var caps = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_SETGID", "CAP_SETUID", "CAP_NET_RAW", "CAP_SYS_ADMIN"}
-
