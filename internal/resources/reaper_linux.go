@@ -217,7 +217,7 @@ func Reap(stateDir string, daemonPID int) int {
 	}
 	if dg != nil {
 		leave()
-		if err := removeDaemonGroup(stateDir, dg.cg); err != nil {
+		if err := retryRemove(func() error { return removeDaemonGroup(stateDir, dg.cg) }); err != nil {
 			logf("the daemon is gone; %v (the next moat up or moat destroy removes it)", err)
 			code = 1
 		}
@@ -270,7 +270,7 @@ func reapSandbox(stateDir string, record []byte, logf func(string, ...any)) int 
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
-	if err := g.cg.Uninstall(); err != nil {
+	if err := retryRemove(g.cg.Uninstall); err != nil {
 		logf("the daemon is gone; removing its sandbox's cgroup: %v (the next moat up or moat destroy removes it)", err)
 		return 1
 	}
@@ -299,4 +299,17 @@ func (g *Group) procs() []int {
 		f.Close()
 	}
 	return out
+}
+
+// retryRemove removes a group, trying again for a while when it fails: a
+// group whose last processes have exited is busy until their zombies are
+// reaped, by whichever process adopted them (PID 1 once the daemon is
+// gone), which on a loaded host can take seconds.
+func retryRemove(remove func() error) error {
+	err := remove()
+	for start := time.Now(); err != nil && time.Since(start) < killWait; {
+		time.Sleep(50 * time.Millisecond)
+		err = remove()
+	}
+	return err
 }
