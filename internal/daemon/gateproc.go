@@ -37,7 +37,7 @@ import (
 // keeper with the fds keeper.go names; it returns when the keeper ends the
 // link.
 func RunGate(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{})}
 	defer startProfile()()
 	err := d.runGate()
 	if err != nil && !errors.Is(err, errStopped) && d.keeper != nil {

@@ -29,7 +29,7 @@ func TestPrivilegeSeparation(t *testing.T) {
 	state := filepath.Join(moatHome, "state", "sandboxes", "privsep")
 	otherState := filepath.Join(moatHome, "state", "sandboxes", "privsep2")
 
-	keeper := pidFile(t, state)
+	keeper := sandboxDaemon(t, "privsep")
 	procs := processTree(keeper)
 	var gate, shim int
 	for _, p := range procs {
@@ -71,7 +71,7 @@ func TestPrivilegeSeparation(t *testing.T) {
 		}
 		// A uid of its own: not the other sandbox's gate's.
 		otherGate := 0
-		for _, p := range processTree(pidFile(t, otherState)) {
+		for _, p := range processTree(sandboxDaemon(t, "privsep2")) {
 			if a := cmdline(p); len(a) > 1 && a[1] == "__gate" {
 				otherGate = p
 			}
@@ -113,7 +113,7 @@ func TestPrivilegeSeparation(t *testing.T) {
 				filepath.Join(otherState, "record.json"), filepath.Join(state, "ca-key.pem"), filepath.Join(state, "client_key")},
 			"WriteDirs":   []string{"/usr", "/", state, filepath.Join(state, "guest")},
 			"UnixSockets": []string{filepath.Join(otherState, "control.sock"), filepath.Join(state, "control.sock")},
-			"PIDs":        []int{keeper, shim, pidFile(t, otherState)},
+			"PIDs":        []int{keeper, shim, sandboxDaemon(t, "privsep2")},
 			"Execs":       []string{"/bin/sh"},
 		}
 		var results []struct{ Name, Error string }
@@ -135,19 +135,6 @@ func TestPrivilegeSeparation(t *testing.T) {
 			t.Fatalf("after the attempts: %q", out)
 		}
 	})
-}
-
-func pidFile(t *testing.T, state string) int {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(state, "daemon.pid"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pid
 }
 
 func cmdline(pid int) []string {
