@@ -122,6 +122,16 @@
 //	                     earlier dropped record said were never written), "other".
 //	                     A dropped record deleted in turn passes its counts on to
 //	                     the one that says so, so the newest add up to everything
+//	rejected_by  string  in a denial, the step that refused it: one of the step
+//	                     names below; omitted when the gate does not trace steps
+//	                     (a sandbox's gate does not yet; the gate service does)
+//	steps        [object] the checks that looked at the connection or request, in
+//	                     order, each {"name", "action" ("allow" or "deny"),
+//	                     "duration_us"}. Names: "source" (which tenant the client
+//	                     is), "address_class", "peek" (reading the ClientHello or
+//	                     request head), "policy", "inspection", "request_rules",
+//	                     "secrets", "dial", "capacity", "audit". Omitted when not
+//	                     traced
 //
 // A dropped record says that records were lost: verdict "dropped",
 // dropped the count, proto and dst empty, reason why. The gate made
@@ -202,7 +212,39 @@ type Record struct {
 	Phase        string           `json:"phase,omitempty"`
 	Flow         string           `json:"flow,omitempty"`
 	DroppedKinds map[string]int64 `json:"dropped_kinds,omitempty"`
+	// Added with the gate service (moat gate serve); see the package
+	// documentation.
+	RejectedBy string `json:"rejected_by,omitempty"`
+	Steps      []Step `json:"steps,omitempty"`
 }
+
+// Step is one check that looked at a connection or request, in a record's
+// steps trace. Its JSON names are frozen.
+type Step struct {
+	Name       string `json:"name"`        // a Step* constant
+	Action     string `json:"action"`      // "allow" or "deny"
+	DurationUS int64  `json:"duration_us"` // how long the step took, in microseconds
+}
+
+// Step names (frozen: they are rejected_by's words too).
+const (
+	StepSource       = "source"        // which tenant the client's address belongs to (gate service)
+	StepAddressClass = "address_class" // loopback, private, metadata, the host's own addresses
+	StepPeek         = "peek"          // reading the ClientHello or request head
+	StepPolicy       = "policy"        // the name's (or address's) rules
+	StepInspection   = "inspection"    // whether the gate can read what the decision needs it to
+	StepRequestRules = "request_rules" // method and path rules
+	StepSecrets      = "secrets"       // placeholders swapped, require, secrets in the clear
+	StepDial         = "dial"          // resolving and connecting to the upstream
+	StepCapacity     = "capacity"      // connection and request limits
+	StepAudit        = "audit"         // the audit log cannot be written
+)
+
+// Step actions.
+const (
+	StepAllow = "allow"
+	StepDeny  = "deny"
+)
 
 // Phases of a carried TCP connection's records.
 const (

@@ -161,6 +161,14 @@ func Fronting(host, sni string) Reason {
 	return ReasonFronting.detail(fmt.Sprintf("Host %q, SNI %q", host, sni))
 }
 
+// ReasonNotByName: a connection to the gate service that is neither TLS
+// with an SNI nor HTTP with a Host, so it carries no name to decide by.
+const ReasonNotByName Reason = "neither TLS nor HTTP: the gate service decides connections by SNI or Host"
+
+// NamelessToGate is a nameless connection (no SNI, no Host) that reached
+// the gate service's own address, where no address rule applies.
+func NamelessToGate(what Reason) Reason { return what + " to the gate's own address" }
+
 // NamelessToPool: a connection without a name (what it lacked) to a
 // private pool address, which only a name can stand for.
 func NamelessToPool(what Reason) Reason { return what + " to a pool address" }

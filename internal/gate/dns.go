@@ -113,8 +113,20 @@ func NewDNSServer(o DNSOptions) *DNSServer {
 // so the answer is not cut to fit a datagram. Every call produces exactly
 // one DNSAudit event.
 func (s *DNSServer) Handle(ctx context.Context, query []byte, tcp bool) []byte {
+	return s.HandleAt(ctx, query, tcp, netip.Addr{})
+}
+
+// HandleAt is Handle for a front end that is reached by name (the gate
+// service on host sockets, TCPFlow.Named): when front is a valid IPv4
+// address, every A answer is front instead of the name's real or pool
+// address, so the client's connection comes to the gate, which decides
+// it by the name it carries. Nothing else changes: an allowed name is
+// still resolved upstream first (a name that does not exist is
+// NXDOMAIN, and its addresses are bound), and any other name is never
+// sent upstream.
+func (s *DNSServer) HandleAt(ctx context.Context, query []byte, tcp bool, front netip.Addr) []byte {
 	ev := DNSEvent{Verdict: audit.Deny}
-	resp := s.handle(ctx, query, &ev)
+	resp := s.handle(ctx, query, &ev, front)
 	if resp != nil {
 		ev.Rcode = rcodeName(resp.Rcode)
 	}
@@ -131,7 +143,7 @@ type reply struct {
 	udpSize int // 0: no EDNS0 in the query
 }
 
-func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent) *reply {
+func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent, front netip.Addr) *reply {
 	req, resp := parseQuery(query, ev)
 	if req == nil {
 		return resp // dropped (nil) or an error answer
@@ -154,9 +166,20 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent) *rep
 
 	switch q.Qtype {
 	case dns.TypeA:
-		if allowed {
+		switch {
+		case allowed:
 			s.answerResolved(ctx, q, name, resp, ev)
-		} else {
+			if front.Is4() && len(resp.Answer) > 0 {
+				resp.Answer = []dns.RR{aRecord(q.Name, front, resp.Answer[0].Header().Ttl)}
+				ev.Answers = []netip.Addr{front}
+			}
+		case front.Is4():
+			// A denied name comes to the gate too, which refuses the
+			// connection legibly (a 403 page) and audits it by name.
+			resp.Answer = append(resp.Answer, aRecord(q.Name, front, uint32(poolTTL/time.Second)))
+			ev.Answers = []netip.Addr{front}
+			ev.Pool = true
+		default:
 			s.answerPool(q, name, resp, ev)
 		}
 	case dns.TypePTR:
@@ -342,6 +365,11 @@ func (s *DNSServer) pack(resp *reply, tcp bool, ev *DNSEvent) []byte {
 // another, until the peer closes, stays idle for 10 s, sends something
 // that must be dropped, or ctx ends. It closes c.
 func (s *DNSServer) ServeTCP(ctx context.Context, c net.Conn) {
+	s.ServeTCPAt(ctx, c, netip.Addr{})
+}
+
+// ServeTCPAt is ServeTCP answering as HandleAt does.
+func (s *DNSServer) ServeTCPAt(ctx context.Context, c net.Conn, front netip.Addr) {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
@@ -360,7 +388,7 @@ func (s *DNSServer) ServeTCP(ctx context.Context, c net.Conn) {
 		if _, err := io.ReadFull(c, msg); err != nil {
 			return
 		}
-		resp := s.Handle(ctx, msg, true)
+		resp := s.HandleAt(ctx, msg, true, front)
 		if resp == nil {
 			return
 		}

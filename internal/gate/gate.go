@@ -95,6 +95,11 @@ type Options struct {
 	// gate at once; one beyond it is refused and audited. 0:
 	// DefaultMaxConnections.
 	MaxConnections int
+	// Trace adds the audit record's rejected_by and steps fields (which
+	// check looked at a flow, what it said, how long it took). Off in
+	// sandboxes for now, whose records are compared byte for byte
+	// against golden files; the gate service turns it on.
+	Trace bool
 }
 
 // Gate is one sandbox's egress gate. Its policy is swapped atomically;
@@ -302,6 +307,9 @@ func (g *Gate) special(ip netip.Addr, port uint16) (policy.AddrClass, bool) {
 }
 
 func (g *Gate) audit(r audit.Record) {
+	if !g.o.Trace {
+		r.RejectedBy, r.Steps = "", nil
+	}
 	r.Sandbox = g.o.Sandbox
 	if r.Time.IsZero() {
 		r.Time = g.o.Now().UTC()
@@ -359,6 +367,9 @@ func (g *Gate) auditDNS(e DNSEvent) {
 		// or every lookup of a blocked tracker would fill it.
 		if g.o.Audit != nil {
 			r.Sandbox, r.Time = g.o.Sandbox, g.o.Now().UTC()
+			if g.o.Trace {
+				r.RejectedBy = audit.StepPolicy
+			}
 			g.o.Audit.Write(r)
 		}
 		return
@@ -385,6 +396,7 @@ func (g *Gate) Refuses(dst netip.AddrPort) bool {
 // allowed name that resolves to a metadata address, say).
 func (g *Gate) specialRecord(proto string, dst netip.AddrPort, class policy.AddrClass) audit.Record {
 	r := g.denyRecord(proto, dst, audit.RefusedClass(string(class)))
+	r.RejectedBy = audit.StepAddressClass
 	if names := g.namesOf(dst.Addr()); len(names) > 0 {
 		r.Name, r.NameFrom = names[0].Name, names[0].Source
 	}
@@ -405,6 +417,7 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 	ok := false
 	if class, sp := g.special(dst, 0); sp && !InPool(dst) {
 		rec.Reason = audit.RefusedClass(string(class))
+		rec.RejectedBy = audit.StepAddressClass
 	} else {
 		for _, n := range names {
 			d := g.decideName(n.Name, 0)

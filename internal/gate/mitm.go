@@ -296,6 +296,7 @@ func (g *Gate) intercept(ctx context.Context, c net.Conn, head []byte, tg target
 	gc := newGuestConn(c, head, ic)
 	t.rec.Verdict = t.verdict()
 	t.rec.Reason = audit.TLSTerminated(why)
+	g.traced(t)
 	g.auditStart(t)
 	if err := g.serveGuest(ctx, gc, 0); err != nil {
 		t.rec.Reason = audit.GuestHandshake(err)
@@ -395,9 +396,18 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		Method: clip(r.Method, 32), Path: auditPath(r.URL.EscapedPath(), creds)}}
 	start := g.o.Now()
 	rec := &rs.rec
+	var steps []audit.Step
+	step := func(name string, ok bool, since time.Time) {
+		if g.o.Trace {
+			steps = append(steps, stepOf(name, ok, g.o.Now().Sub(since)))
+		}
+	}
 	done := func(status int) {
 		rec.Status = status
 		rec.DurationMS = g.o.Now().Sub(start).Milliseconds()
+		if g.o.Trace {
+			rec.Steps, rec.RejectedBy = steps, rejectedBy(steps)
+		}
 		g.audit(*rec)
 	}
 	// refuse answers with the page; byRule says the policy refused this
@@ -411,6 +421,7 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 
 	if n := requests.Add(1); n > maxRequests {
 		requests.Add(-1)
+		step(audit.StepCapacity, false, start)
 		rec.Verdict, rec.Reason = audit.Deny, audit.ReasonTooManyRequests
 		w.Header().Set("Retry-After", "1")
 		http.Error(w, "moat: too many requests in flight through the gate; retry", http.StatusServiceUnavailable)
@@ -419,11 +430,18 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	}
 	defer requests.Add(-1)
 	if host, ok := sameHost(r.Host, ic.name); !ok {
+		step(audit.StepPolicy, false, start)
 		refuse(audit.Fronting(clip(host, 256), ic.name), false)
 		return
 	}
+	at := g.o.Now()
 	d := g.decideRequest(ic, r)
 	rec.Rule, rec.Layer = ruleOf(d)
+	decider := audit.StepPolicy
+	if ic.inspect {
+		decider = audit.StepRequestRules
+	}
+	step(decider, d.Verdict == policy.Allow, at)
 	if d.Verdict != policy.Allow {
 		reason := audit.ReasonNoRule
 		if d.Rule != nil {
@@ -440,7 +458,9 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if creds != nil {
+		at := g.o.Now()
 		applied, err := creds.Request(ic.name, r.Header, r.URL)
+		step(audit.StepSecrets, err == nil, at)
 		if err != nil {
 			// The rule that allowed the host did not decide this.
 			rec.Rule, rec.Layer = "", ""

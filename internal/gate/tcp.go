@@ -24,6 +24,15 @@ type TCPFlow struct {
 	Accept func() (net.Conn, error)
 	// Refuse answers the SYN with a reset: the guest fails at once.
 	Refuse func()
+	// Named says the front end does not know where the client meant to
+	// go: Dst is the gate's own listening address, which the client
+	// reached because the gate's DNS answered a name with it (the gate
+	// service on host sockets). Such a flow is decided by the name it
+	// carries (SNI or Host) and nothing else: Dst's address class,
+	// address rules and names bound to Dst do not apply, and a flow
+	// that carries no name is refused. Every port is read as 80 and 443
+	// are; the upstream is dialed on Dst's port.
+	Named bool
 }
 
 // DefaultMaxConnections bounds the connections one sandbox may hold open
@@ -49,23 +58,28 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 	defer g.flows.Add(-1)
 	if err := g.unaudited(); err != nil {
 		f.Refuse()
-		g.audit(g.denyRecord("tcp", f.Dst, unrecordedReason(err)))
+		r := g.denyRecord("tcp", f.Dst, unrecordedReason(err))
+		r.RejectedBy = audit.StepAudit
+		g.audit(r)
 		return
 	}
 
 	dst := f.Dst
-	t := &tcpTrace{start: g.o.Now(), src: f.Src, rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
-	pooled := InPool(dst.Addr())
-	if !pooled {
-		if class, sp := g.special(dst.Addr(), dst.Port()); sp {
+	t := &tcpTrace{start: g.o.Now(), src: f.Src, named: f.Named, rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
+	if !InPool(dst.Addr()) && !f.Named {
+		class, sp := g.special(dst.Addr(), dst.Port())
+		g.step(t, audit.StepAddressClass, !sp, t.start)
+		if sp {
 			f.Refuse()
+			steps := t.steps
 			t.rec = g.specialRecord("tcp", dst, class)
+			t.steps = steps
 			g.deny(t)
 			return
 		}
 	}
-	switch dst.Port() {
-	case 443, 80:
+	switch {
+	case f.Named, dst.Port() == 443, dst.Port() == 80:
 		c, err := f.Accept()
 		if err != nil {
 			return
@@ -80,7 +94,9 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 // each, a daemon log line at most every capLogEvery (a guest opening
 // connections in a loop would repeat it thousands of times a second).
 func (g *Gate) overCap(dst netip.AddrPort) {
-	g.audit(g.denyRecord("tcp", dst, audit.TooManyConnections(g.o.MaxConnections)))
+	r := g.denyRecord("tcp", dst, audit.TooManyConnections(g.o.MaxConnections))
+	r.RejectedBy = audit.StepCapacity
+	g.audit(r)
 	now := time.Now().UnixNano()
 	if last := g.capLogged.Load(); now-last > int64(capLogEvery) && g.capLogged.CompareAndSwap(last, now) {
 		g.log.Warn("gate: refusing connections beyond the sandbox's limit; raise [network] max_connections if the guest needs more",
@@ -106,6 +122,47 @@ type tcpTrace struct {
 	// granted: a watcher's answer let the connection through without a
 	// rule ("once", "hour"), so its requests are let through too.
 	granted bool
+	// named: the front end knows no original destination (TCPFlow.Named).
+	named bool
+	// steps is the trace of checks, for Options.Trace.
+	steps []audit.Step
+}
+
+// step records one check in t's trace: its name, whether it let the flow
+// on, and how long it took since since.
+func (g *Gate) step(t *tcpTrace, name string, ok bool, since time.Time) {
+	if !g.o.Trace {
+		return
+	}
+	t.steps = append(t.steps, stepOf(name, ok, g.o.Now().Sub(since)))
+}
+
+func stepOf(name string, ok bool, d time.Duration) audit.Step {
+	a := audit.StepAllow
+	if !ok {
+		a = audit.StepDeny
+	}
+	return audit.Step{Name: name, Action: a, DurationUS: d.Microseconds()}
+}
+
+// traced copies t's trace into its record, naming the step that
+// refused the flow if one did.
+func (g *Gate) traced(t *tcpTrace) {
+	if !g.o.Trace {
+		return
+	}
+	t.rec.Steps = t.steps
+	t.rec.RejectedBy = rejectedBy(t.steps)
+}
+
+// rejectedBy is the last step that said deny, or "".
+func rejectedBy(steps []audit.Step) string {
+	for i := len(steps) - 1; i >= 0; i-- {
+		if steps[i].Action == audit.StepDeny {
+			return steps[i].Name
+		}
+	}
+	return ""
 }
 
 // settle is a denied destination's last chance. A destination no rule
@@ -200,6 +257,12 @@ func (g *Gate) deny(t *tcpTrace) {
 	if t.rec.Reason == "" {
 		t.rec.Reason = audit.ReasonNoRule
 	}
+	if g.o.Trace && rejectedBy(t.steps) == "" {
+		// Refused before any traced check said no (a peek that timed
+		// out, say): the decision step is the policy's.
+		g.step(t, audit.StepPolicy, false, g.o.Now())
+	}
+	g.traced(t)
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
 	g.audit(t.rec)
 }
@@ -219,13 +282,15 @@ func (g *Gate) setDecision(t *tcpTrace, name string, from audit.NameSource, d po
 // refused upstream shows up in the guest as a refused connection.
 func (g *Gate) bound(ctx context.Context, f TCPFlow, t *tcpTrace) {
 	dst := f.Dst
+	at := g.o.Now()
 	target, ok := g.decideBound(ctx, dst, t)
+	g.step(t, audit.StepPolicy, ok, at)
 	if !ok {
 		f.Refuse()
 		g.deny(t)
 		return
 	}
-	up, err := g.dialTarget(ctx, target, t)
+	up, err := g.dialTraced(ctx, target, t)
 	if err != nil {
 		f.Refuse()
 		g.finishFailed(t, err)
@@ -250,6 +315,10 @@ type target struct {
 // decideBound decides dst by the names bound to its address, then by
 // address rules.
 func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace) (target, bool) {
+	if t.named {
+		t.rec.Reason = audit.ReasonNotByName
+		return target{}, false
+	}
 	names := g.namesOf(dst.Addr())
 	for _, n := range names {
 		d := g.decideName(n.Name, dst.Port())
@@ -290,7 +359,9 @@ func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace)
 // peeked reads the first bytes of a connection to 443 or 80, decides by
 // the SNI or Host they carry, and carries the connection on.
 func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tcpTrace) {
+	at := g.o.Now()
 	buf, kind, err := g.readHead(c)
+	g.step(t, audit.StepPeek, err == nil, at)
 	if err != nil {
 		c.Close()
 		t.rec.Reason = audit.ReasonFor(err)
@@ -299,9 +370,11 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	}
 	var tg target
 	var ok bool
+	at = g.o.Now()
 	switch kind {
 	case headTLS:
 		tg, ok = g.decideTLS(ctx, buf, dst, t)
+		g.step(t, audit.StepPolicy, ok, at)
 		if !ok {
 			g.refuseTLSLegibly(ctx, c, buf, dst, t)
 			return
@@ -316,6 +389,7 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 					// A secret or request rules depend on reading this
 					// host's requests, and the gate cannot: refuse
 					// rather than let them through unread.
+					g.step(t, audit.StepInspection, false, g.o.Now())
 					t.rec.Reason = audit.NeedsInspection(why)
 					refuseTLS(c)
 					g.deny(t)
@@ -326,8 +400,15 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 	case headHTTP:
 		var req peek.Request
 		tg, req, ok = g.decideHTTP(ctx, buf, dst, t)
+		g.step(t, audit.StepPolicy, ok, at)
 		if ok {
+			at = g.o.Now()
 			ok = g.plainRequestAllowed(req, dst, t)
+			if t.rec.Reason == audit.ReasonSecretInClear {
+				g.step(t, audit.StepSecrets, ok, at)
+			} else if t.dec.Inspect {
+				g.step(t, audit.StepRequestRules, ok, at)
+			}
 		}
 		if !ok {
 			g.refuseHTTP(c, req, dst, t)
@@ -339,13 +420,14 @@ func (g *Gate) peeked(ctx context.Context, c net.Conn, dst netip.AddrPort, t *tc
 		// Neither TLS nor HTTP on 443/80 (SSH over 443, say): decided
 		// like any other port, by the name bound to the address.
 		tg, ok = g.decideBound(ctx, dst, t)
+		g.step(t, audit.StepPolicy, ok, at)
 		if !ok {
 			c.Close()
 			g.deny(t)
 			return
 		}
 	}
-	up, err := g.dialTarget(ctx, tg, t)
+	up, err := g.dialTraced(ctx, tg, t)
 	if err != nil {
 		c.Close()
 		g.finishFailed(t, err)
@@ -442,6 +524,12 @@ func (g *Gate) decideTLS(ctx context.Context, buf []byte, dst netip.AddrPort, t 
 
 // byAddressRule allows a nameless connection only through an address rule.
 func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what audit.Reason) (target, bool) {
+	if t.named {
+		// The address is the gate's own: no address rule can speak
+		// for where the client meant to go.
+		t.rec.Reason = audit.NamelessToGate(what)
+		return target{}, false
+	}
 	if InPool(dst.Addr()) {
 		t.rec.Reason = audit.NamelessToPool(what)
 		return target{}, false
@@ -507,6 +595,20 @@ func forceClose(buf []byte, req peek.Request) []byte {
 	return append(out, buf[req.HeaderEnd:]...)
 }
 
+// dialTraced is dialTarget as a step of t's trace: "address_class" when
+// every address was in a refused class, else "dial".
+func (g *Gate) dialTraced(ctx context.Context, tg target, t *tcpTrace) (net.Conn, error) {
+	at := g.o.Now()
+	c, err := g.dialTarget(ctx, tg, t)
+	name := audit.StepDial
+	var de *dialError
+	if errors.As(err, &de) && de.refusedClass != "" {
+		name = audit.StepAddressClass
+	}
+	g.step(t, name, err == nil, at)
+	return c, err
+}
+
 // finishFailed audits an allowed flow whose upstream could not be reached.
 func (g *Gate) finishFailed(t *tcpTrace, err error) {
 	t.rec.Verdict = t.verdict()
@@ -516,6 +618,7 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 		// is a denial (rebinding to a private address, say).
 		t.rec.Verdict = audit.Deny
 	}
+	g.traced(t)
 	t.rec.Reason = audit.ReasonFor(err)
 	t.rec.DurationMS = g.o.Now().Sub(t.start).Milliseconds()
 	g.audit(t.rec)
@@ -527,6 +630,7 @@ func (g *Gate) finishFailed(t *tcpTrace, err error) {
 func (g *Gate) forward(ctx context.Context, guest, up net.Conn, head []byte, t *tcpTrace) {
 	t.rec.Verdict = t.verdict()
 	t.rec.Upstream = up.RemoteAddr().String()
+	g.traced(t)
 	g.auditStart(t)
 	var upN, downN int64
 	if len(head) > 0 {
