@@ -183,7 +183,7 @@ func (c *Client) Watch(ctx context.Context, fn func(Event) error) error {
 	if resp.StatusCode != http.StatusOK {
 		var e ErrorBody
 		json.NewDecoder(resp.Body).Decode(&e)
-		return fmt.Errorf("daemon /v1/watch: %s", e.Error)
+		return &HTTPError{What: "daemon /v1/watch", Status: resp.StatusCode, Msg: e.Error}
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
