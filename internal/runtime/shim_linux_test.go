@@ -1,0 +1,153 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/disk"
+	"moat.dev/moat/internal/guestspec"
+)
+
+// TestOCISpec: what the guest gets from the host. The workspace and
+// read-write shares are the only writable binds from outside the
+// sandbox's own layer; moat's binary and its guest dir are read-only;
+// every bind from the host is nosuid and nodev; the guest joins the
+// shim's network namespace (tap0's), never the host's.
+func TestOCISpec(t *testing.T) {
+	p := &Plan{
+		Hostname: "sb", GuestDir: "/s/guest", Moat: "/usr/local/bin/moat", Workspace: "/src/sb/",
+		Env:         []string{"LANG=C.UTF-8", "PATH=/image/bin"},
+		Shares:      []Share{{Source: "/data/ro", Target: "/data/ro/"}, {Source: "/data/rw", Target: "/mnt/rw", RW: true}},
+		CgroupsPath: "/moat/sb",
+	}
+	s := p.ociSpec("/s/merged/root", []bindMount{{Source: "/s/merged/usr", Target: "/usr", RW: true}})
+
+	if s.Root.Path != "/s/merged/root" || s.Hostname != "sb" || s.Linux.CgroupsPath != "/moat/sb" {
+		t.Errorf("root %s, hostname %s, cgroups path %s", s.Root.Path, s.Hostname, s.Linux.CgroupsPath)
+	}
+	if !slices.Equal(s.Process.Args, []string{guestspec.Binary, "__init"}) || s.Process.User.UID != 0 {
+		t.Errorf("process %q as uid %d, want moat's guest init as root of the guest", s.Process.Args, s.Process.User.UID)
+	}
+	// The image's environment follows the default PATH, so it wins.
+	if len(s.Process.Env) != 3 || !strings.HasPrefix(s.Process.Env[0], "PATH=") || s.Process.Env[2] != "PATH=/image/bin" {
+		t.Errorf("env %q", s.Process.Env)
+	}
+	if len(s.Process.Rlimits) != 0 {
+		t.Errorf("rlimits without PidsMax: %v", s.Process.Rlimits)
+	}
+
+	binds := map[string]specs.Mount{}
+	for _, m := range s.Mounts {
+		if m.Type == "bind" {
+			binds[m.Destination] = m
+		}
+	}
+	for _, tt := range []struct {
+		dst, src string
+		rw, host bool // host: a path of the host, not of the sandbox's own layer
+	}{
+		{"/usr", "/s/merged/usr", true, false},
+		{guestspec.Dir, "/s/guest", false, true},
+		{guestspec.Binary, "/usr/local/bin/moat", false, true},
+		{"/src/sb", "/src/sb/", true, true}, // at its own path, cleaned
+		{"/data/ro", "/data/ro", false, true},
+		{"/mnt/rw", "/data/rw", true, true},
+	} {
+		m, ok := binds[tt.dst]
+		if !ok {
+			t.Errorf("no bind on %s; binds: %v", tt.dst, binds)
+			continue
+		}
+		delete(binds, tt.dst)
+		if m.Source != tt.src || slices.Contains(m.Options, "rw") != tt.rw || slices.Contains(m.Options, "ro") == tt.rw {
+			t.Errorf("bind %s: %+v, want source %s rw %v", tt.dst, m, tt.src, tt.rw)
+		}
+		if tt.host && (!slices.Contains(m.Options, "nosuid") || !slices.Contains(m.Options, "nodev")) {
+			t.Errorf("bind %s from the host: %v, want nosuid and nodev", tt.dst, m.Options)
+		}
+	}
+	if len(binds) != 0 {
+		t.Errorf("binds the plan did not ask for: %v", binds)
+	}
+
+	var netns *specs.LinuxNamespace
+	for i, ns := range s.Linux.Namespaces {
+		if ns.Type == specs.NetworkNamespace {
+			netns = &s.Linux.Namespaces[i]
+		}
+	}
+	if netns == nil || netns.Path != "/proc/self/ns/net" {
+		t.Errorf("network namespace %+v, want the shim's own (/proc/self/ns/net)", netns)
+	}
+	if slices.ContainsFunc(s.Linux.Namespaces, func(ns specs.LinuxNamespace) bool { return ns.Type == specs.UserNamespace }) {
+		t.Error("a user namespace in the spec: runsc's own would be nested in the shim's")
+	}
+
+	p.PidsMax = 512
+	s = p.ociSpec("/r", nil)
+	want := []specs.POSIXRlimit{{Type: "RLIMIT_NPROC", Hard: 512, Soft: 512}}
+	if !reflect.DeepEqual(s.Process.Rlimits, want) {
+		t.Errorf("rlimits with PidsMax 512: %v, want %v", s.Process.Rlimits, want)
+	}
+	p.Workspace = ""
+	s = p.ociSpec("/r", nil)
+	for _, m := range s.Mounts {
+		if m.Destination == "/src/sb" {
+			t.Errorf("a plan without a workspace binds one: %+v", m)
+		}
+	}
+}
+
+// TestSandboxExit: how the shim reports the sandbox's end to the daemon.
+func TestSandboxExit(t *testing.T) {
+	if err := sandboxExit(unix.WaitStatus(0)); err != nil {
+		t.Errorf("exit 0: %v", err)
+	}
+	if err := sandboxExit(unix.WaitStatus(3 << 8)); err == nil || !strings.Contains(err.Error(), "status 3") {
+		t.Errorf("exit 3: %v", err)
+	}
+	if err := sandboxExit(unix.WaitStatus(unix.SIGKILL)); err == nil || !strings.Contains(err.Error(), "killed") {
+		t.Errorf("SIGKILL: %v", err)
+	}
+}
+
+// TestPrepareDiskWithoutImage: the checks PrepareDisk makes before any
+// image exists or is made, as this user is (root or not); the making
+// itself needs mkfs and a loop device (internal/disk, integration).
+func TestPrepareDiskWithoutImage(t *testing.T) {
+	dir := t.TempDir()
+	img := filepath.Join(dir, disk.ImageName)
+	if os.Geteuid() == 0 {
+		p := &Plan{StateDir: dir, DiskUnlimited: true, Disk: true}
+		if err := PrepareDisk(p, nil); err != nil || p.Disk {
+			t.Errorf("unlimited, no image: %v, Disk %v; want no image used", err, p.Disk)
+		}
+		os.WriteFile(img, nil, 0o600)
+		p = &Plan{StateDir: dir, DiskUnlimited: true, DiskFrom: "/src/moat.toml"}
+		if err := PrepareDisk(p, nil); err == nil || !strings.Contains(err.Error(), "/src/moat.toml") || !strings.Contains(err.Error(), img) {
+			t.Errorf("unlimited with an image: %v, want an error naming the file that set it and the image", err)
+		}
+		return
+	}
+	// Without root: no image, whatever the plan asks, and a limit the
+	// user set is refused, naming where.
+	p := &Plan{StateDir: dir, Disk: true}
+	if err := PrepareDisk(p, nil); err != nil || p.Disk {
+		t.Errorf("rootless, no limit: %v, Disk %v", err, p.Disk)
+	}
+	p = &Plan{StateDir: dir, DiskLimit: 1 << 30, DiskFrom: "/src/moat.toml"}
+	if err := PrepareDisk(p, nil); err == nil || !strings.Contains(err.Error(), "/src/moat.toml") {
+		t.Errorf("rootless with a limit: %v, want an error naming /src/moat.toml", err)
+	}
+	os.WriteFile(img, nil, 0o600)
+	if err := PrepareDisk(&Plan{StateDir: dir}, nil); err == nil || !strings.Contains(err.Error(), "sudo") {
+		t.Errorf("rootless with an image: %v, want an error saying to use sudo", err)
+	}
+}
