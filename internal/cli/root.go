@@ -17,6 +17,7 @@ import (
 
 	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/guest"
+	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
@@ -110,6 +111,9 @@ func Main(args []string) int {
 				return ExitUsage
 			}
 			return removeMain(args[2])
+		case image.Role:
+			// A rootless image store's unpacking and removal.
+			return image.RoleMain(args[2:])
 		}
 	}
 	root := newRoot()
@@ -163,6 +167,7 @@ Start here:
 	)
 	root.AddCommand(newForwardCmd())
 	root.AddCommand(newSSHConfigCmd(), newSSHProxyCmd())
+	root.AddCommand(newGateCmd())
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",

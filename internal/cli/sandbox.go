@@ -268,8 +268,12 @@ func guestIDs(ws string) (int, int) {
 	return 1000, 1000
 }
 
-// images opens the image store.
+// images opens the image store; without root, one whose layers are
+// unpacked in a user namespace (image.OpenRootless).
 func (e *env) images() (*image.Store, error) {
+	if rootless() {
+		return image.OpenRootless(e.dirs.Images(), e.exe)
+	}
 	return image.Open(e.dirs.Images())
 }
 

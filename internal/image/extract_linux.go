@@ -20,8 +20,15 @@ const (
 	whiteoutOpaque = ".wh..wh..opq"
 )
 
-// overlayOpaqueXattr marks a directory whose lower-layer contents overlayfs must hide.
-const overlayOpaqueXattr = "trusted.overlay.opaque"
+// The attribute that marks a directory whose lower-layer contents overlayfs must hide. overlayfs
+// reads trusted.overlay.opaque, which only root of the host may set; mounted with userxattr, as
+// the shim mounts in a user namespace, it reads user.overlay.opaque instead, which root of that
+// namespace may set. The whiteout device (char 0/0) is the same in both: the kernel lets anyone
+// make that one (Linux 5.8 on).
+const (
+	overlayOpaqueXattr     = "trusted.overlay.opaque"
+	overlayUserOpaqueXattr = "user.overlay.opaque"
+)
 
 // extractor unpacks one layer tar into a directory it holds open.
 //
@@ -32,8 +39,9 @@ const overlayOpaqueXattr = "trusted.overlay.opaque"
 // some other way. Resolving names with filepath.Join and then calling os.* functions would follow
 // symlinks and is exactly the bug this code exists to avoid.
 type extractor struct {
-	root  int  // O_DIRECTORY fd of the layer root
-	chown bool // only root can give files away; unprivileged runs keep their own uid
+	root   int    // O_DIRECTORY fd of the layer root
+	chown  bool   // only root can give files away; unprivileged runs keep their own uid
+	opaque string // overlayOpaqueXattr, or overlayUserOpaqueXattr for a rootless store
 
 	// dirTimes are applied after the last entry: creating a child changes its parent's mtime.
 	dirTimes []dirTime
@@ -44,15 +52,16 @@ type dirTime struct {
 	ts  []unix.Timespec
 }
 
-// extractLayer unpacks the tar stream r into dir, which must exist and be empty. On error dir
-// holds a partial layer; the caller removes it.
-func extractLayer(r io.Reader, dir string) error {
+// extractLayer unpacks the tar stream r into dir, which must exist and be empty, marking opaque
+// directories with the attribute opaque. On error dir holds a partial layer; the caller removes
+// it.
+func extractLayer(r io.Reader, dir, opaque string) error {
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", dir, err)
 	}
 	defer unix.Close(fd)
-	x := &extractor{root: fd, chown: os.Geteuid() == 0}
+	x := &extractor{root: fd, chown: os.Geteuid() == 0, opaque: opaque}
 	tr := tar.NewReader(r)
 	for {
 		hdr, err := tr.Next()
@@ -302,8 +311,12 @@ func (x *extractor) hardlink(parent int, base, rel string, hdr *tar.Header) erro
 // whiteout converts an OCI whiteout entry into overlayfs's form.
 func (x *extractor) whiteout(parent int, base string) error {
 	if base == whiteoutOpaque {
-		if err := unix.Fsetxattr(parent, overlayOpaqueXattr, []byte("y"), 0); err != nil {
-			return fmt.Errorf("marking directory opaque: %w", err)
+		err := unix.Fsetxattr(parent, x.opaque, []byte("y"), 0)
+		if errors.Is(err, unix.ENOTSUP) && x.opaque == overlayUserOpaqueXattr {
+			return fmt.Errorf("marking directory opaque (%s): the image store's filesystem holds no user xattrs, which moat without sudo needs; put MOAT_HOME on one that does (ext4, xfs, btrfs): %w", x.opaque, err)
+		}
+		if err != nil {
+			return fmt.Errorf("marking directory opaque (%s): %w", x.opaque, err)
 		}
 		return nil
 	}

@@ -8,7 +8,8 @@
 // so the runtime can build a bundle without touching the network again.
 //
 // Image layers are hostile input (threat model 33): a layer is a tar file written by whoever built
-// the image, and unpacking it runs as root on the host. Every entry is therefore placed with
+// the image, and unpacking it runs as root on the host (or, for moat without sudo, as root of a
+// user namespace with the user's subordinate ids: rootless_linux.go). Every entry is therefore placed with
 // openat(2) walks that never follow a symlink, names are confined to the layer root, device nodes are
 // refused, and any refusal fails the whole import without leaving a partial layer behind. See
 // extract_linux.go.
@@ -119,6 +120,14 @@ func (img *Image) ShortDigest() string { return shortHex(img.Digest) }
 // all coordination is through files under the root.
 type Store struct {
 	root string
+
+	// ns is set for a store without root (OpenRootless): unpacking and removing layers, whose
+	// files belong to the image's ids mapped into the user's subordinate range, happen in a
+	// child that is root of a user namespace.
+	ns *namespace
+	// opaque is the attribute that marks an opaque directory in the layers this process unpacks:
+	// trusted.overlay.opaque, or user.overlay.opaque in that child.
+	opaque string
 }
 
 // Open opens the store at root, creating it if needed.
@@ -128,6 +137,12 @@ type Store struct {
 // reach would be a local privilege escalation. With the root closed, only the user running moat
 // (and root) can reach those files, and they already hold the privileges the files grant.
 func Open(root string) (*Store, error) {
+	return open(root, nil)
+}
+
+// open opens the store at root; check, if set, vets the root directory before anything changes
+// it.
+func open(root string, check func(abs string, fi os.FileInfo) error) (*Store, error) {
 	abs, err := filepath.Abs(root)
 	if err != nil {
 		return nil, fmt.Errorf("opening image store %s: %w", root, err)
@@ -142,10 +157,15 @@ func Open(root string) (*Store, error) {
 	if !fi.IsDir() {
 		return nil, fmt.Errorf("opening image store %s: not a directory", abs)
 	}
+	if check != nil {
+		if err := check(abs, fi); err != nil {
+			return nil, err
+		}
+	}
 	if err := os.Chmod(abs, 0o700); err != nil {
 		return nil, fmt.Errorf("restricting image store %s to its owner: %w", abs, err)
 	}
-	s := &Store{root: abs}
+	s := &Store{root: abs, opaque: overlayOpaqueXattr}
 	for _, d := range []string{s.imagesDir(), s.layersDir(), s.locksDir(), s.tmpDir()} {
 		if err := os.Mkdir(d, 0o700); err != nil && !errors.Is(err, os.ErrExist) {
 			return nil, fmt.Errorf("creating %s: %w", d, err)
@@ -366,7 +386,7 @@ func (s *Store) collect() error {
 			if keep[h] {
 				continue
 			}
-			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+			if err := s.removeAll(filepath.Join(dir, e.Name())); err != nil {
 				return fmt.Errorf("removing unused layer %s: %w", e.Name(), err)
 			}
 		}
@@ -376,7 +396,7 @@ func (s *Store) collect() error {
 		return fmt.Errorf("collecting temp files: %w", err)
 	}
 	for _, e := range ents {
-		if err := os.RemoveAll(filepath.Join(s.tmpDir(), e.Name())); err != nil {
+		if err := s.removeAll(filepath.Join(s.tmpDir(), e.Name())); err != nil {
 			return fmt.Errorf("removing temp files: %w", err)
 		}
 	}

@@ -126,9 +126,23 @@ func (s *Store) unpacked(h string) (int64, bool) {
 	return info.SizeBytes, true
 }
 
-// unpackLocked extracts layer h into tmp/ and renames it into place. The caller holds the
-// layer's lock.
-func (s *Store) unpackLocked(ctx context.Context, l v1.Layer, h string) (size int64, err error) {
+// unpackLocked extracts layer h into tmp/ and renames it into place: in this process, or for a
+// store without root in a child in a user namespace. The caller holds the layer's lock.
+func (s *Store) unpackLocked(ctx context.Context, l v1.Layer, h string) (int64, error) {
+	rc, err := l.Uncompressed()
+	if err != nil {
+		return 0, fmt.Errorf("reading layer: %w", err)
+	}
+	defer rc.Close()
+	if s.ns != nil {
+		return s.ns.unpack(ctx, s.root, h, rc)
+	}
+	return s.unpackStream(ctx, rc, h)
+}
+
+// unpackStream extracts the uncompressed layer tar rc, whose sha256 must be h, into tmp/ and
+// renames it into place, returning its size.
+func (s *Store) unpackStream(ctx context.Context, rc io.Reader, h string) (size int64, err error) {
 	tmp := filepath.Join(s.tmpDir(), "layer-"+h)
 	// Left over from a crashed attempt; the lock we hold means no one else is using it.
 	if err := os.RemoveAll(tmp); err != nil {
@@ -147,18 +161,13 @@ func (s *Store) unpackLocked(ctx context.Context, l v1.Layer, h string) (size in
 		return 0, fmt.Errorf("setting mode of %s: %w", tmp, err)
 	}
 
-	rc, err := l.Uncompressed()
-	if err != nil {
-		return 0, fmt.Errorf("reading layer: %w", err)
-	}
-	defer rc.Close()
 	// Hash what we unpack rather than trust the diff ID the image config claims: the diff ID
 	// names the shared directory, so a lying image could otherwise plant its files under the
 	// name of a popular base layer and have other images run them.
 	sum := sha256.New()
 	cr := &countingReader{r: rc, ctx: ctx}
 	tee := io.TeeReader(cr, sum)
-	if err := extractLayer(tee, tmp); err != nil {
+	if err := extractLayer(tee, tmp, s.opaque); err != nil {
 		return 0, err
 	}
 	if _, err := io.Copy(io.Discard, tee); err != nil { // trailing tar blocks count in the digest
@@ -174,6 +183,9 @@ func (s *Store) unpackLocked(ctx context.Context, l v1.Layer, h string) (size in
 	}
 	// Info first, directory second: the directory is the commit point (see unpacked).
 	if err := writeFileAtomic(s.layerDir(h)+".json", info); err != nil {
+		return 0, err
+	}
+	if err := s.giveToOwner(s.layerDir(h) + ".json"); err != nil {
 		return 0, err
 	}
 	if err := os.Rename(tmp, s.layerDir(h)); err != nil {
