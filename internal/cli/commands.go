@@ -173,36 +173,35 @@ func (e *env) usePreset(dir string, rec *state.Record, p *preset.Preset, env map
 		env[k] = v
 	}
 	recorded := slices.Contains(rec.Presets, p.Name)
-	if !state.DaemonAlive(dir) {
-		if recorded {
-			return nil
-		}
-		return state.Update(dir, func(r *state.Record) error {
-			if !slices.Contains(r.Presets, p.Name) {
-				r.Presets = append(r.Presets, p.Name)
-			}
-			return nil
-		})
-	}
 	vals := map[string]string{}
 	for _, s := range p.Secrets {
 		if v, ok := os.LookupEnv(s.Env); ok && v != "" {
 			vals[s.Env] = v
 		}
 	}
-	if recorded && len(vals) == 0 {
-		return nil
+	var live func(context.Context, *control.Client) error
+	if !recorded || len(vals) > 0 {
+		live = func(ctx context.Context, c *control.Client) error {
+			a, err := c.Preset(ctx, control.PresetRequest{Name: p.Name, Env: vals})
+			if err != nil {
+				return withCode(ExitRun, fmt.Errorf("adding preset %s to the running sandbox: %w", p.Name, err))
+			}
+			for k, v := range a.Placeholders {
+				env[k] = v
+			}
+			return nil
+		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer cancel()
-	a, err := control.At(dir).Preset(ctx, control.PresetRequest{Name: p.Name, Env: vals})
-	if err != nil {
-		return withCode(ExitRun, fmt.Errorf("adding preset %s to the running sandbox: %w", p.Name, err))
+	var record func(*state.Record) error
+	if !recorded {
+		record = func(r *state.Record) error {
+			if !slices.Contains(r.Presets, p.Name) {
+				r.Presets = append(r.Presets, p.Name)
+			}
+			return nil
+		}
 	}
-	for k, v := range a.Placeholders {
-		env[k] = v
-	}
-	return nil
+	return sandboxAt(dir).change(15*time.Second, live, record)
 }
 
 func newShellCmd() *cobra.Command {
@@ -427,9 +426,7 @@ func (e *env) entry(r *state.Record) listEntry {
 		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits()}
 	if st == state.StateRunning || st == state.StateStarting {
 		le.PID = r.DaemonPID
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		if s, err := control.At(dir).Status(ctx); err == nil {
+		if s, ok := ask(sandboxAt(dir), 2*time.Second, (*control.Client).Status); ok {
 			le.Sessions, le.Denials = s.Sessions, s.Denials
 			le.Platform = s.Platform
 			le.Warnings = s.Warnings
@@ -570,7 +567,7 @@ starting hook|), the gate's warnings. -f follows it, across rotations.`,
 			if err != nil {
 				return err
 			}
-			return printLog(c.OutOrStdout(), filepath.Join(dir, "daemon.log"), follow, func() bool { return state.DaemonAlive(dir) })
+			return printLog(c.OutOrStdout(), filepath.Join(dir, "daemon.log"), follow, sandboxAt(dir).alive)
 		},
 	}
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing until the daemon exits")

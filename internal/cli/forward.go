@@ -76,7 +76,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 				}
 			}
 			running := false
-			err = liveOrRecord(dir, func(ctx context.Context, c *control.Client) error {
+			err = sandboxAt(dir).change(10*time.Second, func(ctx context.Context, c *control.Client) error {
 				running = true
 				_, err := c.ChangeForward(ctx, ch)
 				return err
@@ -163,13 +163,8 @@ whether it is listening now.`,
 // forwardsOf asks the running daemon, or reads the record of a stopped
 // sandbox.
 func forwardsOf(dir string, rec *state.Record) ([]control.Forward, error) {
-	if state.DaemonAlive(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		f, err := control.At(dir).Forwards(ctx)
-		if err == nil {
-			return f.Forwards, nil
-		}
+	if f, ok := ask(sandboxAt(dir), 10*time.Second, (*control.Client).Forwards); ok {
+		return f.Forwards, nil
 	}
 	cfg, err := rec.Snapshot()
 	if err != nil {

@@ -119,7 +119,7 @@ func (ws *watchSet) run(ctx context.Context) {
 			names = names[:0]
 			if recs, err := state.List(ws.e.dirs); err == nil {
 				for _, r := range recs {
-					if state.DaemonAlive(ws.e.dirs.Sandbox(r.Name)) {
+					if sandboxAt(ws.e.dirs.Sandbox(r.Name)).alive() {
 						names = append(names, r.Name)
 					}
 				}
@@ -151,8 +151,8 @@ func (ws *watchSet) stream(ctx context.Context, name string) {
 		delete(ws.running, name)
 		ws.mu.Unlock()
 	}()
-	dir := ws.e.dirs.Sandbox(name)
-	cl := control.At(dir)
+	s := sandboxAt(ws.e.dirs.Sandbox(name))
+	cl := s.client()
 	backoff := 100 * time.Millisecond
 	for ctx.Err() == nil {
 		err := cl.Watch(ctx, func(ev control.Event) error {
@@ -167,7 +167,7 @@ func (ws *watchSet) stream(ctx context.Context, name string) {
 			return
 		}
 		ws.send(watchtui.ConnMsg{Sandbox: name, Connected: false, Err: err})
-		if ws.only == "" && !state.DaemonAlive(dir) {
+		if ws.only == "" && !s.alive() {
 			ws.send(watchtui.GoneMsg{Sandbox: name})
 			return
 		}
@@ -191,7 +191,7 @@ func (ws *watchSet) stream(ctx context.Context, name string) {
 func (ws *watchSet) answer(h control.Hold, a control.Answer) (*control.AnswerResult, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	cl := control.At(ws.e.dirs.Sandbox(h.Sandbox))
+	cl := sandboxAt(ws.e.dirs.Sandbox(h.Sandbox)).client()
 	list, entries, err := h.Rules(a.Answer)
 	if err != nil {
 		return nil, err

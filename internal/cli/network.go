@@ -77,7 +77,7 @@ change at once.`,
 					return codef(ExitUsage, "%q: %v", en, err)
 				}
 			}
-			err = liveOrRecord(dir, func(ctx context.Context, c *control.Client) error {
+			err = sandboxAt(dir).change(10*time.Second, func(ctx context.Context, c *control.Client) error {
 				_, err := c.ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries})
 				return err
 			}, func(r *state.Record) error {
@@ -100,13 +100,8 @@ change at once.`,
 // runs, else compiled from its record (discovering from the host's files
 // only; the running daemon also asks the host's tools and reads the image).
 func (e *env) rulesOf(dir string, rec *state.Record) ([]control.Rule, error) {
-	if state.DaemonAlive(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		r, err := control.At(dir).Rules(ctx)
-		if err == nil {
-			return r.Rules, nil
-		}
+	if r, ok := ask(sandboxAt(dir), 10*time.Second, (*control.Client).Rules); ok {
+		return r.Rules, nil
 	}
 	cfg, err := rec.Snapshot()
 	if err != nil {
@@ -221,12 +216,8 @@ without NAME): how often, when last, and why, as the audit log says it.`,
 // denials asks the running daemon for its ledger; for a stopped sandbox it
 // rebuilds one from the audit log.
 func (e *env) denials(dir string) (*control.Denials, error) {
-	if state.DaemonAlive(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if d, err := control.At(dir).Denials(ctx); err == nil {
-			return d, nil
-		}
+	if d, ok := ask(sandboxAt(dir), 5*time.Second, (*control.Client).Denials); ok {
+		return d, nil
 	}
 	l := audit.NewLedger(1024)
 	err := audit.Read(state.AuditPath(dir), func(r audit.Record) bool {

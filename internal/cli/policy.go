@@ -297,15 +297,17 @@ func (e *env) reloadRunning() {
 		return
 	}
 	for _, r := range recs {
-		dir := e.dirs.Sandbox(r.Name)
-		if !state.DaemonAlive(dir) {
+		s := sandboxAt(e.dirs.Sandbox(r.Name))
+		if !s.alive() {
 			continue
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		if _, err := control.At(dir).ReloadPolicies(ctx); err != nil {
+		err := s.call(30*time.Second, func(ctx context.Context, c *control.Client) error {
+			_, err := c.ReloadPolicies(ctx)
+			return err
+		})
+		if err != nil {
 			fmt.Fprintf(os.Stderr, "moat: %s did not reload its lists (%v); it will at its next refresh\n", r.Name, err)
 		}
-		cancel()
 	}
 }
 

@@ -1,18 +1,15 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net/netip"
-	"path/filepath"
 	"text/tabwriter"
 	"time"
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/policy"
-	"moat.dev/moat/internal/state"
 )
 
 // maxRefusalsShown bounds the refusals printed after a failed command: the
@@ -26,20 +23,16 @@ const maxRefusalsShown = 10
 // connection") does not say so. Best effort: a daemon that does not answer
 // in a second prints nothing.
 func printRefusals(w io.Writer, dir string, since time.Time) {
-	if !state.DaemonAlive(dir) {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	d, err := control.At(dir).Denials(ctx)
-	if err != nil {
+	s := sandboxAt(dir)
+	d, ok := ask(s, time.Second, (*control.Client).Denials)
+	if !ok {
 		return
 	}
 	refusals := refusalsSince(d.Entries, since)
 	if len(refusals) == 0 {
 		return
 	}
-	name := filepath.Base(dir)
+	name := s.name
 	fmt.Fprintln(w, "moat: the gate refused these while the command ran:")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	for i, en := range refusals {

@@ -312,9 +312,10 @@ func (e *env) start(dir string) error {
 // fresh CLI process, are not added to the boot. It returns that client, or
 // nil when the caller should connect itself.
 func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
+	s := sandboxAt(dir)
 	// The warm path: a running sandbox needs no lock and no record write
 	// (the write is an fsync, the most expensive step of a warm exec).
-	if r, err := state.Load(dir); err == nil && r.State == state.StateRunning && r.Desired == "running" && state.DaemonAlive(dir) {
+	if r, err := state.Load(dir); err == nil && r.State == state.StateRunning && r.Desired == "running" && s.alive() {
 		return nil, nil
 	}
 	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
@@ -325,7 +326,7 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil }); err != nil {
 		return nil, err
 	}
-	if state.DaemonAlive(dir) {
+	if s.alive() {
 		again, err := e.waitRunning(dir)
 		if err != nil || !again {
 			return nil, err
@@ -467,28 +468,12 @@ func daemonEnviron(rec *state.Record) ([]string, map[string]string, error) {
 	return daemon.Environ(rest, len(cfg.SSHAgent.Keys) > 0), values, nil
 }
 
-// liveOrRecord applies a change to the sandbox at dir: through its daemon
-// when it runs (the daemon records it too), else to its record, which the
-// next start reads. The daemon's errors keep their exit codes (fromDaemon);
-// offline's are returned as they are.
-func liveOrRecord(dir string, live func(context.Context, *control.Client) error, offline func(*state.Record) error) error {
-	if state.DaemonAlive(dir) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := live(ctx, control.At(dir)); err != nil {
-			return fromDaemon(err)
-		}
-		return nil
-	}
-	return state.Update(dir, offline)
-}
-
 // connectWhileBooting connects to the session proxy of a daemon that is
 // starting, as soon as its control socket exists. It returns nil if that
 // fails or ctx ends first: the caller then connects the usual way, and
 // reports the usual errors.
 func connectWhileBooting(ctx context.Context, dir string) *ssh.Client {
-	sock := control.Socket(dir)
+	sock := sandboxAt(dir).socket()
 	for {
 		if _, err := os.Stat(sock); err == nil {
 			c, err := sshClient(ctx, dir)
@@ -510,6 +495,7 @@ func connectWhileBooting(ctx context.Context, dir string) *ssh.Client {
 // stopping, or stopped for a reason other than a failed start) and is now
 // gone: the caller starts the sandbox afresh.
 func (e *env) waitRunning(dir string) (again bool, err error) {
+	s := sandboxAt(dir)
 	deadline := time.Now().Add(90 * time.Second)
 	for time.Now().Before(deadline) {
 		r, err := state.Load(dir)
@@ -521,7 +507,7 @@ func (e *env) waitRunning(dir string) (again bool, err error) {
 			// bounds them itself.
 			deadline = time.Now().Add(90 * time.Second)
 		}
-		alive := state.DaemonAlive(dir)
+		alive := s.alive()
 		switch {
 		case r.State == state.StateRunning:
 			return false, nil
@@ -541,30 +527,30 @@ func (e *env) waitRunning(dir string) (again bool, err error) {
 
 // stop asks the daemon to stop and waits until it is gone.
 func (e *env) stop(dir string, reason string) error {
+	s := sandboxAt(dir)
 	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "stopped"; return nil }); err != nil {
 		// A record that cannot be written (a full disk, say) must not
 		// keep a sandbox running: it is stopped all the same.
 		fmt.Fprintf(os.Stderr, "moat: %v; stopping the sandbox all the same\n", err)
 	}
-	if !state.DaemonAlive(dir) {
+	if !s.alive() {
 		return nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := control.At(dir).Stop(ctx, reason); err != nil {
+	err := s.call(5*time.Second, func(ctx context.Context, c *control.Client) error { return c.Stop(ctx, reason) })
+	if err != nil {
 		// The daemon may be wedged: the signal path stops it too.
 		if pid := daemonPID(dir); pid > 0 {
 			syscall.Kill(pid, syscall.SIGTERM)
 		}
 	}
 	deadline := time.Now().Add(30 * time.Second)
-	for state.DaemonAlive(dir) {
+	for s.alive() {
 		if time.Now().After(deadline) {
 			if pid := daemonPID(dir); pid > 0 {
 				syscall.Kill(pid, syscall.SIGKILL)
 			}
 			time.Sleep(200 * time.Millisecond)
-			if state.DaemonAlive(dir) {
+			if s.alive() {
 				return errors.New("the daemon did not stop within 30s")
 			}
 			break
@@ -594,7 +580,7 @@ func sshClient(ctx context.Context, dir string) (*ssh.Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := control.At(dir).DialSSH(ctx)
+	conn, err := sandboxAt(dir).client().DialSSH(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -46,7 +46,8 @@ cannot be read, nothing changes and the error names the secret and its source.`,
 			if err != nil {
 				return err
 			}
-			if rec.State != state.StateRunning || !state.DaemonAlive(dir) {
+			s := sandboxAt(dir)
+			if rec.State != state.StateRunning || !s.alive() {
 				return codef(ExitError, "sandbox %q is not running: its secrets are read when it starts (moat up %s)", rec.Name, rec.Name)
 			}
 			// The values a start would hand over.
@@ -54,9 +55,11 @@ cannot be read, nothing changes and the error names the secret and its source.`,
 			if err != nil {
 				return err
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-			defer cancel()
-			a, err := control.At(dir).RefreshSecrets(ctx, control.SecretsRefreshRequest{Env: vals})
+			var a *control.SecretsRefreshAnswer
+			err = s.call(60*time.Second, func(ctx context.Context, c *control.Client) (err error) {
+				a, err = c.RefreshSecrets(ctx, control.SecretsRefreshRequest{Env: vals})
+				return err
+			})
 			if err != nil {
 				return withCode(ExitError, fmt.Errorf("refreshing the secrets of %s: %w", rec.Name, err))
 			}

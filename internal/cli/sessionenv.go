@@ -112,6 +112,7 @@ func idleTimeout(s config.Sandbox) time.Duration {
 // to finish and starts the sandbox again: it gets a started sandbox, never
 // an error.
 func (e *env) connect(ctx context.Context, dir string) (*ssh.Client, error) {
+	s := sandboxAt(dir)
 	for attempt := 0; ; attempt++ {
 		c, err := e.startSession(dir, true)
 		if err != nil {
@@ -124,13 +125,13 @@ func (e *env) connect(ctx context.Context, dir string) (*ssh.Client, error) {
 		if err == nil {
 			return c, nil
 		}
-		if attempt > 0 || (!control.IsStopping(err) && state.DaemonAlive(dir)) {
+		if attempt > 0 || (!control.IsStopping(err) && s.alive()) {
 			return nil, err
 		}
 		// The daemon is stopping: wait until it is gone (bounded), then
 		// start afresh.
 		deadline := time.Now().Add(90 * time.Second)
-		for state.DaemonAlive(dir) && time.Now().Before(deadline) {
+		for s.alive() && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}

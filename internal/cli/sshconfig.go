@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/crypto/ssh"
 
-	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/state"
 )
@@ -134,7 +133,7 @@ func newSSHProxyCmd() *cobra.Command {
 			if _, err := e.startSession(dir, false); err != nil {
 				return withCode(ExitRun, err)
 			}
-			conn, err := control.At(dir).DialSSH(context.Background())
+			conn, err := sandboxAt(dir).client().DialSSH(context.Background())
 			if err != nil {
 				return withCode(ExitRun, err)
 			}
