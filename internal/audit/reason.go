@@ -165,6 +165,13 @@ func Fronting(host, sni string) Reason {
 // with an SNI nor HTTP with a Host, so it carries no name to decide by.
 const ReasonNotByName Reason = "neither TLS nor HTTP: the gate service decides connections by SNI or Host"
 
+// ReasonUnknownSource: the gate service refused a client whose address is
+// no tenant's (UnknownSource).
+const ReasonUnknownSource Reason = "source is no tenant's"
+
+// UnknownSource is the gate service's refusal of a client at src.
+func UnknownSource(src string) Reason { return ReasonUnknownSource.detail(src) }
+
 // NamelessToGate is a nameless connection (no SNI, no Host) that reached
 // the gate service's own address, where no address rule applies.
 func NamelessToGate(what Reason) Reason { return what + " to the gate's own address" }

@@ -1,0 +1,381 @@
+package gateserve
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+
+	toml "github.com/pelletier/go-toml/v2"
+)
+
+// Config is the service's configuration file, checked. Every path in it is
+// absolute.
+type Config struct {
+	Path string // the file it was read from
+
+	// StateDir holds the CA (ca/, never in the jail), and the default
+	// audit logs (audit/) and placeholder files (placeholders/).
+	StateDir string
+	// UID and GID are what the service runs as once it has bound its
+	// listeners; never root.
+	UID, GID int
+	// CACert is where the CA's certificate (its public part only) is
+	// written for clients to trust.
+	CACert string
+	// Answer is the address DNS answers with; invalid: each DNS
+	// listener's own address.
+	Answer netip.Addr
+	// Audit is where clients that are no tenant's are recorded.
+	Audit string
+
+	DNS, HTTP, HTTPS []netip.AddrPort
+	Metrics          netip.AddrPort // invalid: no metrics listener
+	// Upstream is the resolvers asked for allowed names; empty: the
+	// nameservers of /etc/resolv.conf.
+	Upstream []netip.AddrPort
+
+	Tenants []Tenant // sorted by name
+}
+
+// Tenant is one client of the service, known by its source addresses.
+type Tenant struct {
+	Name    string
+	Sources []netip.Prefix
+	// Policy is moat.toml-syntax files, lowest layer first: their
+	// [network], [policies], [secrets] and [audit] tables.
+	Policy []string
+	// Audit is the tenant's audit log; Placeholders the file its
+	// secrets' placeholders are written to (NAME=placeholder lines), for
+	// whoever starts its clients.
+	Audit, Placeholders string
+}
+
+// defaultUID is nobody's: a uid that owns nothing.
+const defaultUID = 65534
+
+type rawConfig struct {
+	Service  rawService           `toml:"service"`
+	Listen   rawListen            `toml:"listen"`
+	Upstream rawUpstream          `toml:"upstream"`
+	Tenants  map[string]rawTenant `toml:"tenants"`
+}
+
+type rawService struct {
+	StateDir *string `toml:"state_dir"`
+	UID      *int64  `toml:"uid"`
+	GID      *int64  `toml:"gid"`
+	CACert   *string `toml:"ca_cert"`
+	Answer   *string `toml:"answer"`
+	Audit    *string `toml:"audit"`
+}
+
+type rawListen struct {
+	DNS     []string `toml:"dns"`
+	HTTP    []string `toml:"http"`
+	HTTPS   []string `toml:"https"`
+	Metrics *string  `toml:"metrics"`
+}
+
+type rawUpstream struct {
+	DNS []string `toml:"dns"`
+}
+
+type rawTenant struct {
+	Sources      []string `toml:"sources"`
+	Policy       []string `toml:"policy"`
+	Audit        *string  `toml:"audit"`
+	Placeholders *string  `toml:"placeholders"`
+}
+
+// ErrInvalid is matched by every error about the file's content.
+var ErrInvalid = errors.New("invalid gate service configuration")
+
+// ConfigError is one problem in the file, where it is and what to do.
+type ConfigError struct {
+	Path string
+	Line int // 0: not known
+	Msg  string
+}
+
+func (e *ConfigError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s", e.Path, e.Line, e.Msg)
+	}
+	return e.Path + ": " + e.Msg
+}
+
+func (e *ConfigError) Is(target error) bool { return target == ErrInvalid }
+
+// LoadConfig reads and checks the file at path.
+func LoadConfig(path string) (*Config, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	data, err := os.ReadFile(abs)
+	if err != nil {
+		return nil, fmt.Errorf("reading the gate service's configuration: %w", err)
+	}
+	return ParseConfig(abs, data)
+}
+
+// ParseConfig parses data, the content of the file at path. Unknown keys,
+// wrong types and bad values are errors naming the line and what to write
+// instead; all of them are reported, not only the first.
+func ParseConfig(path string, data []byte) (*Config, error) {
+	var raw rawConfig
+	dec := toml.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&raw); err != nil {
+		return nil, decodeError(path, err)
+	}
+	c := &checker{path: path, data: data}
+	cfg := c.check(&raw)
+	if len(c.errs) > 0 {
+		return nil, errors.Join(c.errs...)
+	}
+	return cfg, nil
+}
+
+func decodeError(path string, err error) error {
+	var sm *toml.StrictMissingError
+	if errors.As(err, &sm) {
+		var errs []error
+		for _, e := range sm.Errors {
+			row, _ := e.Position()
+			errs = append(errs, &ConfigError{Path: path, Line: row,
+				Msg: fmt.Sprintf("unknown key %s; the keys are listed in docs/gate-service.md", strings.Join(e.Key(), "."))})
+		}
+		return errors.Join(errs...)
+	}
+	var de *toml.DecodeError
+	if errors.As(err, &de) {
+		row, _ := de.Position()
+		return &ConfigError{Path: path, Line: row, Msg: de.Error() + " (see docs/gate-service.md for each key's type)"}
+	}
+	return &ConfigError{Path: path, Msg: err.Error()}
+}
+
+type checker struct {
+	path string
+	data []byte
+	errs []error
+}
+
+// fail records a problem with key (a dotted path: "tenants.a.sources").
+func (c *checker) fail(key, format string, args ...any) {
+	c.errs = append(c.errs, &ConfigError{Path: c.path, Line: lineOf(c.data, key),
+		Msg: key + ": " + fmt.Sprintf(format, args...)})
+}
+
+var tenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,62}$`)
+
+func (c *checker) check(raw *rawConfig) *Config {
+	cfg := &Config{Path: c.path, UID: defaultUID}
+	if raw.Service.StateDir == nil {
+		c.fail("service.state_dir", "missing: name a directory for the CA and the audit logs, e.g. state_dir = \"/var/lib/moat-gate\"")
+	} else {
+		cfg.StateDir = c.absPath("service.state_dir", *raw.Service.StateDir)
+	}
+	if u := raw.Service.UID; u != nil {
+		if *u <= 0 || *u > 1<<31-1 {
+			c.fail("service.uid", "%d: the service drops to this uid after binding its ports; give an unprivileged one (not 0), e.g. 65534", *u)
+		}
+		cfg.UID = int(*u)
+	}
+	cfg.GID = cfg.UID
+	if g := raw.Service.GID; g != nil {
+		if *g <= 0 || *g > 1<<31-1 {
+			c.fail("service.gid", "%d: give an unprivileged group (not 0), e.g. 65534", *g)
+		}
+		cfg.GID = int(*g)
+	}
+	if cfg.StateDir != "" {
+		cfg.CACert = filepath.Join(cfg.StateDir, "ca.pem")
+		cfg.Audit = filepath.Join(cfg.StateDir, "audit", "unknown.jsonl")
+	}
+	if p := raw.Service.CACert; p != nil {
+		cfg.CACert = c.absPath("service.ca_cert", *p)
+	}
+	if p := raw.Service.Audit; p != nil {
+		cfg.Audit = c.absPath("service.audit", *p)
+	}
+	if a := raw.Service.Answer; a != nil {
+		ip, err := netip.ParseAddr(*a)
+		if err != nil || !ip.Is4() || ip.IsUnspecified() {
+			c.fail("service.answer", "%q: give the IPv4 address clients reach the service at, e.g. answer = \"10.0.0.1\"", *a)
+		}
+		cfg.Answer = ip
+	}
+
+	cfg.DNS = c.addrs("listen.dns", raw.Listen.DNS, 53)
+	cfg.HTTP = c.addrs("listen.http", raw.Listen.HTTP, 80)
+	cfg.HTTPS = c.addrs("listen.https", raw.Listen.HTTPS, 443)
+	if len(cfg.DNS) == 0 {
+		c.fail("listen.dns", "missing: clients find the service through its DNS; e.g. dns = [\"10.0.0.1:53\"]")
+	}
+	if len(cfg.HTTP)+len(cfg.HTTPS) == 0 {
+		c.fail("listen.https", "missing: give at least one of listen.http and listen.https, e.g. https = [\"10.0.0.1:443\"]")
+	}
+	if !cfg.Answer.IsValid() {
+		for _, ap := range cfg.DNS {
+			if !ap.Addr().Is4() || ap.Addr().IsUnspecified() {
+				c.fail("listen.dns", "%s: DNS answers with the address it was asked on, which must then be one IPv4 address; listen on it, or set service.answer", ap)
+				break
+			}
+		}
+	}
+	if m := raw.Listen.Metrics; m != nil {
+		if ap := c.addrs("listen.metrics", []string{*m}, 0); len(ap) == 1 {
+			cfg.Metrics = ap[0]
+		}
+	}
+	seen := map[netip.AddrPort]string{}
+	for _, l := range []struct {
+		key string
+		aps []netip.AddrPort
+	}{{"listen.dns", cfg.DNS}, {"listen.http", cfg.HTTP}, {"listen.https", cfg.HTTPS}, {"listen.metrics", []netip.AddrPort{cfg.Metrics}}} {
+		for _, ap := range l.aps {
+			if !ap.IsValid() || l.key == "listen.dns" {
+				continue // DNS shares its address with nothing over TCP but itself
+			}
+			if other, dup := seen[ap]; dup {
+				c.fail(l.key, "%s is also in %s; give each listener its own port", ap, other)
+			}
+			seen[ap] = l.key
+		}
+	}
+	cfg.Upstream = c.addrs("upstream.dns", raw.Upstream.DNS, 53)
+
+	names := make([]string, 0, len(raw.Tenants))
+	for n := range raw.Tenants {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	owner := map[netip.Prefix]string{}
+	for _, name := range names {
+		rt := raw.Tenants[name]
+		key := "tenants." + name
+		if !tenantName.MatchString(name) {
+			c.fail(key, "%q is not a tenant name: use lower-case letters, digits, '-' and '_' (at most 63)", name)
+			continue
+		}
+		t := Tenant{Name: name}
+		if len(rt.Sources) == 0 {
+			c.fail(key+".sources", "missing: give the tenant's client addresses or subnets, e.g. sources = [\"10.0.1.0/24\"]")
+		}
+		for _, s := range rt.Sources {
+			p, err := parseSource(s)
+			if err != nil {
+				c.fail(key+".sources", "%v", err)
+				continue
+			}
+			for q, other := range owner {
+				if q.Overlaps(p) {
+					c.fail(key+".sources", "%s overlaps %s of tenant %s; a client must belong to one tenant", p, q, other)
+				}
+			}
+			owner[p] = name
+			t.Sources = append(t.Sources, p)
+		}
+		if len(rt.Policy) == 0 {
+			c.fail(key+".policy", "missing: give the tenant's policy files (moat.toml syntax), lowest layer first, e.g. policy = [\"/etc/moat-gate/%s.toml\"]", name)
+		}
+		for _, p := range rt.Policy {
+			t.Policy = append(t.Policy, c.absPath(key+".policy", p))
+		}
+		if cfg.StateDir != "" {
+			t.Audit = filepath.Join(cfg.StateDir, "audit", name+".jsonl")
+			t.Placeholders = filepath.Join(cfg.StateDir, "placeholders", name+".env")
+		}
+		if p := rt.Audit; p != nil {
+			t.Audit = c.absPath(key+".audit", *p)
+		}
+		if p := rt.Placeholders; p != nil {
+			t.Placeholders = c.absPath(key+".placeholders", *p)
+		}
+		cfg.Tenants = append(cfg.Tenants, t)
+	}
+	return cfg
+}
+
+// parseSource reads an address (a /32 or /128) or a subnet written with
+// its host bits zero.
+func parseSource(s string) (netip.Prefix, error) {
+	if ip, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is neither an address nor a subnet; write e.g. \"10.0.1.7\" or \"10.0.1.0/24\"", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set; did you mean %s?", s, p.Masked())
+	}
+	return p, nil
+}
+
+// addrs parses ip:port listeners; a bare ip gets port def (0: a port is
+// required).
+func (c *checker) addrs(key string, list []string, def uint16) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, s := range list {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil && def != 0 {
+			if ip, err2 := netip.ParseAddr(s); err2 == nil {
+				ap, err = netip.AddrPortFrom(ip, def), nil
+			}
+		}
+		if err != nil || ap.Port() == 0 {
+			c.fail(key, "%q: write an address and port, e.g. \"10.0.0.1:%d\"", s, max(def, 9153))
+			continue
+		}
+		out = append(out, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+	}
+	return out
+}
+
+func (c *checker) absPath(key, p string) string {
+	if !filepath.IsAbs(p) {
+		c.fail(key, "%q: write an absolute path", p)
+		return p
+	}
+	return filepath.Clean(p)
+}
+
+// lineOf finds the line that sets key ("tenants.a.sources") in a TOML
+// document: the key's last part under the table of the rest, or the table
+// header itself. 0 when it is not found (a key that is missing).
+func lineOf(data []byte, key string) int {
+	parts := strings.Split(key, ".")
+	table, leaf := strings.Join(parts[:len(parts)-1], "."), parts[len(parts)-1]
+	cur, header := "", 0
+	for i, line := range strings.Split(string(data), "\n") {
+		l := strings.TrimSpace(line)
+		if strings.HasPrefix(l, "[") {
+			cur = strings.Trim(strings.SplitN(l, "#", 2)[0], "[] \t")
+			cur = strings.ReplaceAll(strings.ReplaceAll(cur, "\"", ""), " ", "")
+			if cur == key {
+				header = i + 1
+			}
+			continue
+		}
+		k, _, ok := strings.Cut(l, "=")
+		if ok && cur == table && strings.Trim(strings.TrimSpace(k), "\"") == leaf {
+			return i + 1
+		}
+	}
+	if header > 0 {
+		return header
+	}
+	if table != "" {
+		return lineOf(data, table)
+	}
+	return 0
+}

@@ -1,0 +1,219 @@
+package gateserve
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/gate"
+	"moat.dev/moat/internal/lockdown"
+)
+
+// jailedEnv marks the child that runs the service in a mount namespace of
+// its own, which lockdown needs (its new root must not be the host's).
+const jailedEnv = "MOAT_GATE_SERVE_JAILED"
+
+// Run is `moat gate serve --config path`. Started as root, it starts
+// itself again in a mount namespace of its own and waits for that child,
+// passing on SIGHUP (reload), SIGTERM and SIGINT (stop): the parent reads
+// nothing a client sends. The child binds the listeners, reads the
+// configuration, the CA and the secrets, then jails itself
+// (internal/lockdown, as a sandbox's gate process does): service.uid, no
+// capabilities, the seccomp filter, and of the host's files only the
+// directories it must read again on reload and write its audit to. It
+// returns when the service stops: ctx ends or a signal says so.
+func Run(ctx context.Context, path string, log *slog.Logger) error {
+	if os.Getenv(jailedEnv) == "1" {
+		return runJailed(ctx, path, log)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("moat gate serve binds its ports as root and then drops to service.uid in a jail; run it as root (sudo moat gate serve --config FILE)")
+	}
+	// Checked here too, so a mistake is reported before anything starts.
+	if _, err := LoadConfig(path); err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("finding moat's own binary: %w", err)
+	}
+	cmd := exec.Command(self, os.Args[1:]...)
+	cmd.Env = append(os.Environ(), jailedEnv+"=1")
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: unix.CLONE_NEWNS, Pdeathsig: unix.SIGKILL}
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGHUP, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the jailed gate service: %w", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	for {
+		select {
+		case sig := <-sigs:
+			cmd.Process.Signal(sig)
+		case <-ctx.Done():
+			cmd.Process.Signal(unix.SIGTERM)
+			select {
+			case err := <-done:
+				return err
+			case <-time.After(10 * time.Second):
+				cmd.Process.Kill()
+				return <-done
+			}
+		case err := <-done:
+			var ee *exec.ExitError
+			if errors.As(err, &ee) {
+				return fmt.Errorf("the gate service stopped: %s", ee.ProcessState)
+			}
+			return err
+		}
+	}
+}
+
+func runJailed(ctx context.Context, path string, log *slog.Logger) error {
+	// The parent's signals are ours to act on; registered first so a
+	// SIGHUP during set-up is not the default (exit).
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, unix.SIGHUP, unix.SIGTERM, unix.SIGINT)
+	defer signal.Stop(sigs)
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		return err
+	}
+	ls, err := Listen(cfg)
+	if err != nil {
+		return err
+	}
+	roots, err := x509.SystemCertPool()
+	if err != nil {
+		roots = x509.NewCertPool()
+	}
+	svc, err := New(Options{Config: cfg, Listeners: ls, Log: log, SystemRoots: roots, HostAddrs: gate.HostAddrs()})
+	if err != nil {
+		ls.Close()
+		return err
+	}
+	binds, err := svc.jailBinds()
+	if err != nil {
+		ls.Close()
+		return err
+	}
+	time.Now().Zone() // /etc/localtime, for the log's times
+	err = lockdown.Apply(lockdown.Config{UID: cfg.UID, GID: cfg.GID, Binds: binds,
+		// A socket per client connection and per upstream, the audit
+		// logs' files, and room for the runtime.
+		NoFile:            65536,
+		ParentDeathSignal: unix.SIGKILL,
+	})
+	if err != nil {
+		// Partly jailed, or not at all: stop rather than serve (fail
+		// closed).
+		return fmt.Errorf("jailing the gate service: %w", err)
+	}
+	log.Info("gate service jailed and serving", "uid", cfg.UID, "tenants", len(cfg.Tenants),
+		"dns", cfg.DNS, "http", cfg.HTTP, "https", cfg.HTTPS, "ca_cert", cfg.CACert)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case sig := <-sigs:
+				if sig != unix.SIGHUP {
+					log.Info("gate service stopping", "signal", sig.String())
+					cancel()
+					return
+				}
+				if err := svc.Reload(); err != nil {
+					log.Error("gate service: reload refused; the previous configuration stays in force", "err", err)
+				} else {
+					log.Info("gate service reloaded", "config", path)
+				}
+			}
+		}
+	}()
+	return svc.Serve(ctx)
+}
+
+// jailBinds are the host paths the jailed service keeps: writable, the
+// directories of its audit logs and placeholder files (owned by
+// service.uid from now on, with the files it writes there); read-only,
+// the directories of what a reload reads again: the configuration, the
+// tenants' policy files, file: secrets and trust roots. Directories, not
+// files: an editor replaces a file by renaming a new one over it, which a
+// bind of the old file would never show.
+func (s *Service) jailBinds() ([]lockdown.Bind, error) {
+	rw := map[string]bool{}
+	own := func(file string) error {
+		dir := filepath.Dir(file)
+		rw[dir] = true
+		if err := os.Chown(dir, s.cfg.UID, s.cfg.GID); err != nil {
+			return err
+		}
+		// The file and its rotations and noise series.
+		matches, _ := filepath.Glob(filepath.Join(dir, strings.TrimSuffix(filepath.Base(file), filepath.Ext(file))+"*"))
+		for _, m := range matches {
+			if err := os.Lchown(m, s.cfg.UID, s.cfg.GID); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	if err := own(s.cfg.Audit); err != nil {
+		return nil, err
+	}
+	ro := []string{filepath.Dir(s.cfg.Path)}
+	for _, t := range s.tenants.Load().byName {
+		if err := own(t.cfg.Audit); err != nil {
+			return nil, err
+		}
+		if err := own(t.cfg.Placeholders); err != nil {
+			return nil, err
+		}
+		for _, p := range t.cfg.Policy {
+			ro = append(ro, filepath.Dir(p))
+		}
+		r, err := readRules(t.cfg, s.roots)
+		if err != nil {
+			return nil, err
+		}
+		for _, sec := range r.secrets {
+			if p, ok := strings.CutPrefix(sec.From, "file:"); ok {
+				ro = append(ro, filepath.Dir(p))
+			}
+		}
+		for _, p := range r.network.Trust {
+			ro = append(ro, filepath.Dir(p))
+		}
+	}
+	var binds []lockdown.Bind
+	for d := range rw {
+		binds = append(binds, lockdown.Bind{Path: d, Writable: true})
+	}
+	seen := map[string]bool{}
+	for _, d := range ro {
+		d = filepath.Clean(d)
+		if rw[d] || seen[d] || d == "/" {
+			continue
+		}
+		seen[d] = true
+		if _, err := os.Stat(d); err == nil {
+			binds = append(binds, lockdown.Bind{Path: d})
+		}
+	}
+	return binds, nil
+}
