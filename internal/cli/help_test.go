@@ -44,7 +44,8 @@ func TestHelpTextsCatch(t *testing.T) {
 		{"example with a bad flag value", "network suggest", func(c *cobra.Command) { c.Example = "  moat network suggest api --since lots" }, `invalid argument "lots" for "--since"`},
 		{"example with an unclosed quote", "network allow", func(c *cobra.Command) { c.Example = "  moat network allow api 'GET x" }, "unclosed quote"},
 		{"example not indented", "status", func(c *cobra.Command) { c.Example = "moat status" }, "indented by two spaces"},
-		{"example that is not moat", "status", func(c *cobra.Command) { c.Example = "  status api" }, "not a moat command line"},
+		{"examples that do not run moat", "status", func(c *cobra.Command) { c.Example = "  status api" }, "no example runs moat"},
+		{"example with sudo", "status", func(c *cobra.Command) { c.Example = "  sudo moat status api web" }, "accepts at most 1 arg"},
 		{"long help naming a missing command", "network", func(c *cobra.Command) { c.Long += "\n\n  moat network alow api example.com" }, `unknown command "alow"`},
 		{"long help with a missing flag", "forward", func(c *cobra.Command) { c.Long += "\n\n  moat forward add --revers api 80  a typo" }, "unknown flag: --revers"},
 		{"flag without help", "status", func(c *cobra.Command) { c.Flags().Bool("quiet", false, "") }, "--quiet: no help"},
@@ -105,6 +106,7 @@ func helpProblems(newTree func() *cobra.Command) []string {
 				add("--%s: its help starts with a capital (flags' help is lower case)", f.Name)
 			}
 		})
+		runs := 0
 		for _, line := range strings.Split(c.Example, "\n") {
 			if strings.TrimSpace(line) == "" {
 				continue
@@ -113,19 +115,27 @@ func helpProblems(newTree func() *cobra.Command) []string {
 				add("example %q: not indented by two spaces", line)
 			}
 			found, err := parseCommandLine(newTree, line)
+			if !errors.Is(err, errNotMoat) {
+				runs++
+			}
 			switch {
+			case errors.Is(err, errNotMoat):
+				// Another program's line (sudo kill -HUP ...).
 			case err != nil:
 				add("example %q: %v", strings.TrimSpace(line), err)
 			case found != c.CommandPath():
 				add("example %q runs %s, not this command", strings.TrimSpace(line), found)
 			}
 		}
+		if strings.TrimSpace(c.Example) != "" && runs == 0 {
+			add("no example runs moat")
+		}
 		for _, line := range strings.Split(c.Long, "\n") {
 			// Indented lines of the long help that start with moat are
 			// command lines, some followed by what they do after two
 			// spaces (moat --help's "Start here").
 			trimmed := strings.TrimLeft(line, " \t")
-			if trimmed == line || !strings.HasPrefix(trimmed, "moat ") {
+			if trimmed == line || !strings.HasPrefix(strings.TrimPrefix(trimmed, "sudo "), "moat ") {
 				continue
 			}
 			if i := strings.Index(trimmed, "  "); i >= 0 {
@@ -168,7 +178,8 @@ func firstRune(s string) rune {
 // parseCommandLine parses one command line as the shell would split it
 // and cobra would dispatch it, without running it, and returns the path
 // of the command it runs. A comment (" #") and what follows a shell
-// operator (moat ssh-config >> ~/.ssh/config) are not moat's.
+// operator (moat ssh-config >> ~/.ssh/config) are not moat's; a line
+// that does not run moat, after sudo, is errNotMoat.
 func parseCommandLine(newTree func() *cobra.Command, line string) (string, error) {
 	line = strings.TrimSpace(line)
 	if i := strings.Index(line, " #"); i >= 0 {
@@ -184,8 +195,11 @@ func parseCommandLine(newTree func() *cobra.Command, line string) (string, error
 			break
 		}
 	}
+	if len(words) > 0 && words[0] == "sudo" {
+		words = words[1:]
+	}
 	if len(words) == 0 || words[0] != "moat" {
-		return "", errors.New("not a moat command line")
+		return "", errNotMoat
 	}
 	root := newTree()
 	c, rest, err := root.Find(words[1:])
@@ -237,6 +251,9 @@ func splitWords(s string) ([]string, error) {
 	return words, nil
 }
 
-var errUnclosedQuote = errors.New("unclosed quote")
+var (
+	errUnclosedQuote = errors.New("unclosed quote")
+	errNotMoat       = errors.New("not a moat command line")
+)
 
 var shellOperators = map[string]bool{">": true, ">>": true, "<": true, "|": true, "&&": true, "||": true, ";": true, "2>": true, "2>&1": true}
