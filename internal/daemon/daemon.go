@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	goruntime "runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -102,6 +103,13 @@ type daemon struct {
 	shimPID atomic.Int64
 	started time.Time
 
+	// Every goroutine the process starts runs as one of its tasks, and
+	// ctx, which ends as the process shuts down, is their way to stop;
+	// shutdown waits for them (tasks.go).
+	tasks  tasks
+	ctx    context.Context
+	cancel context.CancelFunc
+
 	group     *resources.Group // the sandbox's cgroup; nil without Options.Limits
 	hostLevel atomic.Int32     // the elastic loop's last resources.Level, for status
 	guard     oomGuard         // the guest's OOM kills (resources.go)
@@ -139,13 +147,62 @@ type daemon struct {
 
 // Run is the daemon's main: it returns when the sandbox has stopped.
 func Run(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
+	d := newDaemon(o)
 	err := d.run()
 	if err != nil && o.Ready != nil {
 		fmt.Fprintf(o.Ready, "error: %v\n", err)
 		o.Ready.Close()
 	}
 	return err
+}
+
+// newDaemon is the keeper's daemon, before its start.
+func newDaemon(o Options) *daemon {
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
+	return d
+}
+
+// The steps of the keeper's clean-up, in the order they run. Whatever
+// ends the daemon, a start that failed at any point or a stop, ends it
+// through the same steps; a step runs only if its part was set up, and
+// one that fails is logged and does not keep the next from running. The
+// guest goes first (nothing of the sandbox may run without its gate),
+// the record is written once nothing of it runs, and the lock, which
+// readers take to mean "the daemon is gone", is released last.
+const (
+	stepGuest  = iota // the shim and runsc: SIGTERM and their grace for a stop, SIGKILL for a failure
+	stepGate          // the gate process: its link closed, it flushes its audit and exits
+	stepShim          // our end of the shim's socket
+	stepRecord        // the record says stopped, why, and what failed
+	stepTasks         // the keeper's goroutines end and are waited for
+	stepGroup         // the sandbox's and the daemon's cgroups
+	stepLock          // daemon.lock
+	stepCount
+)
+
+var stepNames = [stepCount]string{"stopping the guest", "stopping the gate process", "closing the shim's socket",
+	"recording the stop", "waiting for the keeper's goroutines", "removing the cgroups", "releasing the daemon lock"}
+
+// teardown is what the start has set up so far, by step.
+type teardown [stepCount]func() error
+
+func (t *teardown) run(log *slog.Logger) {
+	for i, undo := range t {
+		if undo == nil {
+			continue
+		}
+		if err := undo(); err != nil {
+			log.Warn("cleaning up: "+stepNames[i], "err", err)
+		}
+	}
+}
+
+// ending is how the sandbox stopped, which the clean-up acts on.
+type ending struct {
+	reason   string // state.Stop*, for the record
+	cause    error  // what failed, for the record; nil for a stop that was asked for
+	graceful bool   // the guest gets SIGTERM and its grace, not SIGKILL
 }
 
 func (d *daemon) run() error {
@@ -157,22 +214,44 @@ func (d *daemon) run() error {
 	if !ok {
 		return errors.New("another daemon already runs this sandbox")
 	}
-	defer release()
-	os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600)
-
-	// The sandbox's cgroup (resources.go) before prepare writes the plan,
-	// which the shim joins it by; removed once the shim is gone (this
-	// defer runs after every later one).
-	removeGroup, err := d.startGroup()
-	if err != nil {
-		d.setStopped(state.StopError, err)
+	// From here every exit is one path: the ending says how the sandbox
+	// stopped, and the teardown undoes what the start got to.
+	end := ending{reason: state.StopError}
+	var undo teardown
+	defer func() {
+		undo.run(d.log)
+		d.log.Info("sandbox stopped", "reason", end.reason)
+	}()
+	undo[stepLock] = func() error { release(); return nil }
+	undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
+	undo[stepTasks] = func() error {
+		d.cancel()
+		if left := d.tasks.wait(keeperTasksWait); len(left) > 0 {
+			return fmt.Errorf("still running after %v: %s", keeperTasksWait, strings.Join(left, ", "))
+		}
+		return nil
+	}
+	// fail ends a start that failed: the record says why.
+	fail := func(err error) error {
+		end.cause = err
 		return err
 	}
-	defer removeGroup()
+	if err := os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
+		// Not a reason to refuse the start: the lock says the daemon
+		// lives; only a stop whose control call fails signals the pid.
+		d.log.Warn("writing daemon.pid", "err", err)
+	}
+
+	// The sandbox's cgroup (resources.go) before prepare writes the plan,
+	// which the shim joins it by; removed once the shim is gone.
+	removeGroup, err := d.startGroup()
+	if err != nil {
+		return fail(err)
+	}
+	undo[stepGroup] = func() error { removeGroup(); return nil }
 	ids, err := d.prepareGate()
 	if err != nil {
-		d.setStopped(state.StopError, err)
-		return err
+		return fail(err)
 	}
 	d.started = time.Now()
 	if err := d.updateRecord(func(r *state.Record) error {
@@ -180,14 +259,13 @@ func (d *daemon) run() error {
 		r.DaemonPID, r.Started = os.Getpid(), d.started
 		return nil
 	}); err != nil {
-		return err
+		return fail(err)
 	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	defer signal.Stop(sigs)
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	// Each boot phase's share of boot_ms, for the log line below.
 	phases := []any{"setup_ms", d.started.Sub(t0).Milliseconds()}
 	mark := func(name string) func() {
@@ -202,45 +280,28 @@ func (d *daemon) run() error {
 	done := mark("gate_ms")
 	gp, err := d.startGate(ids)
 	if err != nil {
-		d.setStopped(state.StopError, err)
-		return err
+		return fail(err)
 	}
-	defer gp.stop()
+	undo[stepGate] = gp.stop
 	d.gate = gp.link
-	// stopGate ends a start that failed once the gate process runs.
-	stopGate := func(err error) error {
-		gp.link.Close()
-		gp.stop()
-		d.setStopped(state.StopError, err)
-		return err
-	}
 	if err := d.prepareShim(); err != nil {
-		return stopGate(err)
+		return fail(err)
 	}
-	exited := make(chan error, 1)
-	shim, err := d.startShim(exited)
+	shim, err := d.startShim()
 	if err != nil {
-		return stopGate(err)
+		return fail(err)
 	}
-	defer shim.Close()
+	undo[stepShim] = shim.Close
+	undo[stepGuest] = func() error { return d.stopGuest(shim, end.graceful) }
 	d.shim = shim
 	close(d.shimReady)
-	// From here a failed start stops the shim too.
-	stopBoth := func(err error) error {
-		gp.link.Close()
-		shim.Close() // the shim gives up on its own when it waits for the word
-		d.kill()
-		<-exited
-		gp.stop()
-		d.setStopped(state.StopError, err)
-		return err
-	}
+	daemonLog := filepath.Join(d.o.Dir, "daemon.log")
 	select {
 	case <-d.guestGo:
-	case err := <-gp.exited:
-		return stopBoth(fmt.Errorf("the gate process exited before the guest started: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+	case <-gp.done:
+		return fail(d.gateExited(gp, "before the guest started"))
 	case s := <-sigs:
-		return stopBoth(fmt.Errorf("stopped by %v while starting", s))
+		return fail(fmt.Errorf("stopped by %v while starting", s))
 	case <-d.stopCh:
 		// The gate process failed its set-up (and said why), or a stop
 		// came first.
@@ -248,23 +309,21 @@ func (d *daemon) run() error {
 		if why == "" {
 			why = "stopped while starting"
 		}
-		return stopBoth(errors.New(why))
+		return fail(errors.New(why))
 	}
 	done()
 	done = mark("boot_ms")
 	select {
 	case <-d.booted:
-	case err := <-exited:
-		gp.link.Close()
-		gp.stop()
-		d.setStopped(state.StopCrash, fmt.Errorf("guest exited while starting: %v (see %s)", err, filepath.Join(d.o.Dir, "daemon.log")))
-		return fmt.Errorf("guest exited while starting: %v", err)
-	case err := <-gp.exited:
-		return stopBoth(fmt.Errorf("the gate process exited while starting: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+	case <-shim.done:
+		end.reason, end.cause = state.StopCrash, fmt.Errorf("guest exited while starting: %v (see %s)", shim.err, daemonLog)
+		return fmt.Errorf("guest exited while starting: %v", shim.err)
+	case <-gp.done:
+		return fail(d.gateExited(gp, "while starting"))
 	case s := <-sigs:
-		return stopBoth(fmt.Errorf("stopped by %v while starting", s))
+		return fail(fmt.Errorf("stopped by %v while starting", s))
 	case <-d.stopCh:
-		return d.stopNow(gp, exited)
+		return d.stopAsked(&end)
 	}
 	done()
 	d.log.Info("keeper: sandbox running", append([]any{"start_ms", time.Since(d.started).Milliseconds()}, phases...)...)
@@ -274,22 +333,20 @@ func (d *daemon) run() error {
 		d.o.Ready.Close()
 		d.o.Ready = nil
 	}
-	go d.elastic(ctx)
+	d.tasks.Go("elastic memory", func() { d.elastic(d.ctx) })
 
 	select {
-	case err := <-exited:
+	case <-shim.done:
 		// The guest went away on its own: PID 1 exited, or runsc died.
-		d.log.Warn("guest exited unexpectedly", "err", err)
-		gp.link.Close()
-		gp.stop()
-		d.setStopped(state.StopCrash, fmt.Errorf("guest exited: %v", err))
+		d.log.Warn("guest exited unexpectedly", "err", shim.err)
+		end.reason, end.cause = state.StopCrash, fmt.Errorf("guest exited: %v", shim.err)
 		return nil
-	case err := <-gp.exited:
+	case <-gp.done:
 		// Fail closed: a guest without its gate has no network and no
 		// sessions; it goes too.
-		d.log.Error("the gate process exited; stopping the sandbox", "err", err)
-		d.stopGuest(exited)
-		d.setStopped(state.StopError, fmt.Errorf("the gate process exited: %v; see %s", err, filepath.Join(d.o.Dir, "daemon.log")))
+		d.log.Error("the gate process exited; stopping the sandbox", "err", gp.err)
+		end.graceful = true
+		end.cause = fmt.Errorf("the gate process exited: %v; see %s", gp.err, daemonLog)
 		return nil
 	case sig := <-sigs:
 		d.log.Info("stopping on signal", "signal", sig)
@@ -299,25 +356,37 @@ func (d *daemon) run() error {
 		}
 	case <-d.stopCh:
 	}
-	d.stopNow(gp, exited)
+	d.stopAsked(&end)
 	return nil
 }
 
-// stopNow stops a started sandbox for d.stopReason: the guest first, then
-// the gate process, which ends when its link does, after flushing its
-// audit. It returns the failure a stop for an error is.
-func (d *daemon) stopNow(gp *gateProc, exited chan error) error {
-	d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil })
-	d.stopGuest(exited)
-	gp.link.Close()
-	gp.stop()
-	var cause error
-	if d.stopReason == state.StopError {
-		cause = errors.New(d.stopError)
+// gateExited is the failure a start is whose gate process exited: the
+// reason it gave when it asked for the stop before it exited (a policy
+// that does not compile), else its exit.
+func (d *daemon) gateExited(gp *gateProc, when string) error {
+	select {
+	case <-d.stopCh:
+		if d.stopError != "" {
+			return errors.New(d.stopError)
+		}
+	default:
 	}
-	d.setStopped(d.stopReason, cause)
-	d.log.Info("sandbox stopped", "reason", d.stopReason)
-	return cause
+	return fmt.Errorf("the gate process exited %s: %v; see %s", when, gp.err, filepath.Join(d.o.Dir, "daemon.log"))
+}
+
+// stopAsked ends a sandbox whose stop was asked for (d.stopReason): the
+// record says stopping until the clean-up has stopped the guest, with its
+// grace, then the gate process, which flushes its audit as its link ends.
+// It returns the failure a stop for an error is.
+func (d *daemon) stopAsked(end *ending) error {
+	if err := d.updateRecord(func(r *state.Record) error { r.State = state.StateStopping; return nil }); err != nil {
+		d.log.Warn("recording the stop", "err", err)
+	}
+	end.reason, end.cause, end.graceful = d.stopReason, nil, true
+	if d.stopReason == state.StopError {
+		end.cause = errors.New(d.stopError)
+	}
+	return end.cause
 }
 
 // prepareGate makes what the gate process needs before it starts: the
@@ -359,11 +428,12 @@ func (d *daemon) prepareShim() error {
 }
 
 // startShim starts the shim in new mount and network namespaces with a
-// parent-death signal. The shim execs runsc, so exited reports runsc's
+// parent-death signal. The shim execs runsc, so done reports runsc's
 // exit. The shim mounts the root filesystem and creates tap0 while the
 // daemon starts the gate; it sends tap0's fd (shimConn.tap) and starts the
-// guest only on the daemon's word (shimConn.startGuest).
-func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
+// guest only on the daemon's word (shimConn.startGuest). shimConn.done is
+// closed once it has exited.
+func (d *daemon) startShim() (*shimConn, error) {
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("creating shim socket: %w", err)
@@ -379,8 +449,9 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 		theirs.Close()
 		return nil, err
 	}
+	s := &shimConn{f: ours, log: filepath.Join(d.o.Dir, "runsc.log"), done: make(chan struct{})}
 	started := make(chan error, 1)
-	go func() {
+	d.tasks.Go("shim: waiting", func() {
 		// Pdeathsig fires when the thread that forked the child exits, not
 		// the process: this goroutine keeps its thread for the child's
 		// whole life, and never unlocks it.
@@ -425,19 +496,22 @@ func (d *daemon) startShim(exited chan<- error) (*shimConn, error) {
 		case <-logDone:
 		case <-time.After(2 * time.Second):
 		}
-		exited <- err
-	}()
+		s.err = err
+		close(s.done)
+	})
 	if err := <-started; err != nil {
 		ours.Close()
 		return nil, fmt.Errorf("starting shim: %w", err)
 	}
-	return &shimConn{f: ours, log: filepath.Join(d.o.Dir, "runsc.log")}, nil
+	return s, nil
 }
 
 // shimConn is the daemon's end of the socket pair to its shim.
 type shimConn struct {
-	f   *os.File
-	log string
+	f    *os.File
+	log  string
+	done chan struct{} // closed once the shim (runsc, the guest) has exited
+	err  error         // how it exited; read once done is closed
 }
 
 // tap receives tap0's fd from the shim.
@@ -508,28 +582,40 @@ func (d *daemon) waitAgent() error {
 	return errors.New("guest agent did not answer within " + bootTimeout.String())
 }
 
-func (d *daemon) stopGuest(exited <-chan error) {
-	if pid := d.shimPID.Load(); pid > 0 {
-		unix.Kill(int(pid), unix.SIGTERM)
-	}
+// stopGuest ends the shim and with it runsc and the guest (the shim is
+// PID 1 of their namespace), and waits until they have exited: with
+// graceful, SIGTERM and the guest's grace first (runtime.StopGrace), else
+// SIGKILL at once, as for a start that failed.
+func (d *daemon) stopGuest(s *shimConn, graceful bool) error {
 	select {
-	case <-exited:
-		return
-	case <-time.After(runtime.StopGrace + 2*time.Second):
-		d.log.Warn("guest did not stop in time; killing")
+	case <-s.done:
+		return nil
+	default:
 	}
-	d.kill()
-	<-exited
+	pid := int(d.shimPID.Load())
+	if pid <= 0 {
+		return errors.New("no pid of the shim to signal") // kill(0) would signal our own group
+	}
+	if graceful {
+		if err := unix.Kill(pid, unix.SIGTERM); err != nil && !errors.Is(err, unix.ESRCH) {
+			d.log.Warn("asking the guest to stop", "err", err)
+		}
+		select {
+		case <-s.done:
+			return nil
+		case <-time.After(runtime.StopGrace + 2*time.Second):
+			d.log.Warn("guest did not stop in time; killing")
+		}
+	}
+	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("killing the shim (pid %d): %w", pid, err)
+	}
+	<-s.done
+	return nil
 }
 
-func (d *daemon) kill() {
-	if pid := d.shimPID.Load(); pid > 0 {
-		unix.Kill(int(pid), unix.SIGKILL)
-	}
-}
-
-func (d *daemon) setStopped(reason string, cause error) {
-	d.updateRecord(func(r *state.Record) error {
+func (d *daemon) setStopped(reason string, cause error) error {
+	return d.updateRecord(func(r *state.Record) error {
 		r.State, r.StopReason, r.Stopped, r.DaemonPID = state.StateStopped, reason, time.Now(), 0
 		r.Error = ""
 		if cause != nil {

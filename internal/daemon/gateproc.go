@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -38,17 +39,23 @@ import (
 // link.
 func RunGate(o Options) error {
 	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{})}
+	d.ctx, d.cancel = context.WithCancel(context.Background())
 	defer startProfile()()
 	err := d.runGate()
 	if err != nil && !errors.Is(err, errStopped) && d.keeper != nil {
 		// The keeper stops the sandbox and then tells the CLI why, on
 		// its own copy of the ready pipe: a CLI told before would start
-		// the sandbox again while this start still stops.
+		// the sandbox again while this start still stops. So the link
+		// stays open until the keeper has the reason.
 		d.requestStop(state.StopError, err)
+	}
+	if d.keeper != nil {
+		d.keeper.Close()
 	}
 	if d.o.Ready != nil {
 		d.o.Ready.Close()
 	}
+	waitTasks(&d.tasks, gateTasksWait, d.log)
 	return err
 }
 
@@ -63,17 +70,18 @@ func (d *daemon) runGate() error {
 	// The keeper drives the stop; a signal meant for the daemon's
 	// process group is not this process's to act on.
 	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	l, err := newLink(os.NewFile(gateLinkFD, "link"), maxLinkMessage, d.serveKeeper)
+	l, err := newLink(os.NewFile(gateLinkFD, "link"), maxLinkMessage, d.serveKeeper, &d.tasks)
 	if err != nil {
 		return err
 	}
-	d.keeper = l
-	defer l.Close()
+	d.keeper = l // closed by RunGate, once the keeper knows how this ended
 	if os.Getenv(gateReadyEnv) != "" {
 		d.o.Ready = os.NewFile(gateReadyFD, "ready")
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	// Everything the gate process starts stops with ctx, after the
+	// listeners and the netstack's users below have closed.
+	ctx := d.ctx
+	defer d.cancel()
 	if _, err := l.call(ctx, "handover", nil, &d.o.SecretEnv); err != nil {
 		return err
 	}
@@ -147,7 +155,11 @@ func (d *daemon) runGate() error {
 	d.stack = st
 	d.annotateHolds()
 	defer d.startForwards(ctx)()
-	go srv.Serve(ln)
+	d.tasks.Go("control server", func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.log.Warn("serving the control socket", "err", err)
+		}
+	})
 
 	if err := d.waitAgent(); err != nil {
 		if errors.Is(err, errStopped) {
@@ -167,7 +179,7 @@ func (d *daemon) runGate() error {
 	d.log.Info("sandbox running", "boot_ms", time.Since(rec.Started).Milliseconds())
 	close(d.booted)
 	d.servingProcs()
-	go func() {
+	d.tasks.Go("handing freed memory back", func() {
 		// What the start allocated (the policy's compile, the CA, the
 		// guest's first handshake, the host's tools' answers) is garbage
 		// by now; the runtime would keep the freed pages for a while.
@@ -178,8 +190,8 @@ func (d *daemon) runGate() error {
 			debug.FreeOSMemory()
 		case <-ctx.Done():
 		}
-	}()
-	go d.watchIdle(ctx)
+	})
+	d.tasks.Go("idle watch", func() { d.watchIdle(ctx) })
 	if d.o.Ready != nil {
 		fmt.Fprintln(d.o.Ready, "ok")
 		d.o.Ready.Close()

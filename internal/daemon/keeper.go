@@ -171,22 +171,28 @@ func prepareAuditDir(dir string, ids gateIDs) error {
 
 // gateProc is the keeper's handle on its gate process.
 type gateProc struct {
-	pid    int
-	link   *link
-	exited chan error // one value: how it ended
-	done   chan struct{}
+	pid  int
+	link *link
+	done chan struct{} // closed once it has exited
+	err  error         // how it exited; read once done is closed
 }
 
-// stop waits a little for the gate process to end (its link closed, it
-// flushes and exits), then kills it.
-func (g *gateProc) stop() {
+// gateStopWait is how long the gate process has, once its link is
+// closed, to flush its audit log and exit before it is killed.
+const gateStopWait = 5 * time.Second
+
+// stop ends the gate process: its link closed, it flushes and exits; if
+// it has not within gateStopWait, it is killed.
+func (g *gateProc) stop() error {
+	g.link.Close()
 	select {
 	case <-g.done:
-		return
-	case <-time.After(5 * time.Second):
+		return nil
+	case <-time.After(gateStopWait):
 	}
 	unix.Kill(g.pid, unix.SIGKILL)
 	<-g.done
+	return fmt.Errorf("the gate process (pid %d) did not exit within %v of its link closing; killed it", g.pid, gateStopWait)
 }
 
 // startGate starts the gate process in a mount namespace of its own,
@@ -210,9 +216,9 @@ func (d *daemon) startGate(ids gateIDs) (*gateProc, error) {
 		files = append(files, f)
 		env = append(env, gateReadyEnv+"=1")
 	}
-	g := &gateProc{exited: make(chan error, 1), done: make(chan struct{})}
+	g := &gateProc{done: make(chan struct{})}
 	started := make(chan error, 1)
-	go func() {
+	d.tasks.Go("gate process: waiting", func() {
 		// Pdeathsig fires when the thread that forked the child exits:
 		// this goroutine keeps its thread for the child's whole life.
 		goruntime.LockOSThread()
@@ -246,25 +252,24 @@ func (d *daemon) startGate(ids gateIDs) (*gateProc, error) {
 		}
 		g.pid = cmd.Process.Pid
 		started <- nil
-		err = cmd.Wait()
-		g.exited <- err
+		g.err = cmd.Wait()
 		close(g.done)
-	}()
+	})
 	// The gate process's log lines, as they are, into daemon.log: copied,
-	// never parsed.
-	go func() {
+	// never parsed. Until its last writer, the gate process, is gone.
+	d.tasks.Go("gate process: copying its log", func() {
 		logfile.Drain(d.logOut(), bufio.NewReaderSize(out, 64<<10))
 		out.Close()
-	}()
+	})
 	if err := <-started; err != nil {
 		ours.Close()
-		out.Close()
 		return nil, fmt.Errorf("starting the gate process: %w", err)
 	}
 	d.gatePID, d.gateIDs = g.pid, ids // before the link serves "go", which checks them
-	l, err := newLink(ours, maxLinkRequest, d.serveGate)
+	l, err := newLink(ours, maxLinkRequest, d.serveGate, &d.tasks)
 	if err != nil {
 		unix.Kill(g.pid, unix.SIGKILL)
+		<-g.done
 		return nil, err
 	}
 	g.link = l
@@ -345,6 +350,8 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		case <-d.shimReady:
 		case <-d.stopCh:
 			return nil, nil, errors.New("the sandbox is stopping")
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
 		case <-time.After(bootTimeout):
 			return nil, nil, errors.New("the shim did not start")
 		}
@@ -372,7 +379,7 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		// Sent, then closed here: the keeper keeps no guest-facing fd.
 		return nil, []*os.File{tap}, nil
 	case "up":
-		d.agentUp.Do(func() { go d.guardOOM(context.Background()) })
+		d.agentUp.Do(func() { d.tasks.Go("guest OOM guard", func() { d.guardOOM(d.ctx) }) })
 		return nil, nil, nil
 	case "record":
 		var e recordEdit

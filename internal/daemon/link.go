@@ -38,6 +38,13 @@ type link struct {
 	pending map[uint64]chan linkMsg
 	err     error // set once the link is down
 	done    chan struct{}
+
+	// The link's goroutines (its reader and one per call it answers)
+	// are its process's tasks; ctx, which the calls it answers get,
+	// ends with the link, so that none of them outlives it for long.
+	run    *tasks
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // Bounds of a message: what the keeper sends can be as large as a named
@@ -64,8 +71,9 @@ var errLinkDown = errors.New("the daemon's other process is gone")
 
 // newLink runs a link on f, answering the other side's calls with handler
 // (nil: none are served) and reading messages of at most maxIn bytes. It
-// reads until the socket ends; done is closed then.
-func newLink(f *os.File, maxIn uint32, handler func(ctx context.Context, method string, body json.RawMessage) (any, []*os.File, error)) (*link, error) {
+// reads until the socket ends; done is closed then. Its goroutines run
+// as run's tasks.
+func newLink(f *os.File, maxIn uint32, handler func(ctx context.Context, method string, body json.RawMessage) (any, []*os.File, error), run *tasks) (*link, error) {
 	c, err := net.FileConn(f)
 	f.Close()
 	if err != nil {
@@ -76,8 +84,9 @@ func newLink(f *os.File, maxIn uint32, handler func(ctx context.Context, method 
 		c.Close()
 		return nil, errors.New("link: not a unix socket")
 	}
-	l := &link{c: uc, maxIn: maxIn, handler: handler, pending: map[uint64]chan linkMsg{}, done: make(chan struct{})}
-	go l.read()
+	l := &link{c: uc, maxIn: maxIn, handler: handler, pending: map[uint64]chan linkMsg{}, done: make(chan struct{}), run: run}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	run.Go("link: reading", l.read)
 	return l, nil
 }
 
@@ -176,8 +185,10 @@ func (l *link) send(m linkMsg) error {
 func (l *link) read() {
 	err := l.readLoop()
 	// Whatever ended the reading ends the link: a writer on the other
-	// side must not wait on a socket nobody reads.
+	// side must not wait on a socket nobody reads, and a call still
+	// being answered has no one to answer to.
 	l.c.Close()
+	l.cancel()
 	l.mu.Lock()
 	l.err = errLinkDown
 	for id, ch := range l.pending {
@@ -243,7 +254,7 @@ func (l *link) readLoop() error {
 			continue
 		}
 		closeFiles(fds) // calls carry none
-		go l.answer(m)
+		l.run.Go("link: answering "+truncate(m.Method, 32), func() { l.answer(m) })
 	}
 }
 
@@ -252,7 +263,7 @@ func (l *link) answer(m linkMsg) {
 	if l.handler == nil {
 		out.Error = "no calls are served here"
 	} else {
-		resp, fds, err := l.handler(context.Background(), m.Method, m.Body)
+		resp, fds, err := l.handler(l.ctx, m.Method, m.Body)
 		if err != nil {
 			out.Error = err.Error()
 		} else if out.Body, err = json.Marshal(resp); err != nil {

@@ -32,11 +32,11 @@ func TestLinkCallsBothWaysWithFiles(t *testing.T) {
 			return nil, []*os.File{r}, nil
 		}
 		return nil, nil, errors.New("no method " + m)
-	})
+	}, &tasks{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate, err := newLink(b, maxLinkMessage, nil)
+	gate, err := newLink(b, maxLinkMessage, nil, &tasks{})
 	if err != nil {
 		t.Fatal(err)
 	}

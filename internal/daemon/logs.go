@@ -33,13 +33,13 @@ func (d *daemon) runscLog() (*os.File, <-chan struct{}, error) {
 		return nil, nil, err
 	}
 	done := make(chan struct{})
-	go func() {
+	d.tasks.Go("runsc.log: copying", func() {
 		defer close(done)
 		if n := logfile.Drain(w, r); n > 0 {
 			d.log.Warn("runsc.log could not take all of runsc's output", "dropped_bytes", n)
 		}
 		r.Close()
 		w.Close()
-	}()
+	})
 	return pw, done, nil
 }

@@ -331,13 +331,13 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		var once sync.Once
 		n.discover = func() {
 			once.Do(func() {
-				go func() {
+				d.tasks.Go("discovering the host's repositories", func() {
 					defer close(n.settled)
 					n.discoverHost(ctx, d)
-				}()
+				})
 			})
 		}
-		go func() {
+		d.tasks.Go("discovery's delay", func() {
 			select {
 			case <-d.booted:
 			case <-ctx.Done():
@@ -350,11 +350,11 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 				n.discover()
 			case <-ctx.Done():
 			}
-		}()
+		})
 	} else {
 		close(n.settled)
 	}
-	go n.gate.RunPreresolve(ctx)
+	d.tasks.Go("preresolving", func() { n.gate.RunPreresolve(ctx) })
 	return n, nil
 }
 

@@ -133,7 +133,7 @@ func (n *network) startLists(ctx context.Context, d *daemon) {
 	}
 	n.named = nl
 	for _, name := range slices.Sorted(maps.Keys(nl.loaded)) {
-		go nl.refreshLoop(ctx, n, d, name)
+		d.tasks.Go("refreshing the policy list "+name, func() { nl.refreshLoop(ctx, n, d, name) })
 	}
 }
 

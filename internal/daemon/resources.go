@@ -194,6 +194,9 @@ func (d *daemon) guardOOM(ctx context.Context) {
 	arm := resources.ArmAt(l.CeilingBytes)
 	n, err := d.group.NotifyAt(arm)
 	if err == nil {
+		// Closing it ends a wait on it at once: the guard stops with ctx,
+		// not up to a minute later.
+		defer context.AfterFunc(ctx, n.Close)()
 		defer n.Close()
 	} else {
 		d.log.Warn("no memory notifier; the OOM guard samples instead", "err", err)

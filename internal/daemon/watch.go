@@ -371,8 +371,8 @@ func (d *daemon) annotateHolds() {
 			return
 		}
 		p := e.Pending
-		go func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		d.tasks.Go("finding a held connection's process", func() {
+			ctx, cancel := context.WithTimeout(d.ctx, 3*time.Second)
 			defer cancel()
 			var out strings.Builder
 			code, err := d.proxy.Exec(ctx, session.Options{
@@ -384,7 +384,7 @@ func (d *daemon) annotateHolds() {
 				return
 			}
 			d.net.holds.Annotate(p.ID, strings.TrimSpace(out.String()))
-		}()
+		})
 	})
 }
 
