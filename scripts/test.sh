@@ -17,6 +17,10 @@ export MOAT_BIN=$PWD/bin/moat-test MOAT_RUNSC=$PWD/bin/runsc
 log=/tmp/moat-test.log
 rc=0
 go test -count=1 -timeout 40m -v ./... >"$log" 2>&1 || rc=$?
+# The daemon package again under the race detector: its start-and-stop
+# test runs the keeper in the test process, so the keeper's start, stop
+# and goroutines are raced (about 15 s).
+go test -race -count=1 -timeout 10m -v ./internal/daemon >>"$log" 2>&1 || rc=$?
 grep -E -B1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
 if [ "$rc" -ne 0 ]; then
 	grep -E -B1 -A40 '^\s*--- FAIL|^panic:|\[build failed\]' "$log" | head -400 || true
