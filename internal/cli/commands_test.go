@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -399,5 +400,78 @@ func TestDaemonFailureExitCodes(t *testing.T) {
 				t.Errorf("the record behind a running daemon was changed: %+v (%v)", rec, err)
 			}
 		})
+	}
+}
+
+// TestStoppedSandbox: the commands that change a stopped sandbox write
+// its record; a value that cannot be right is bad usage, named, and
+// leaves the record as it was; what needs the sandbox running says so
+// and how to start it; stdout carries only the result.
+func TestStoppedSandbox(t *testing.T) {
+	isolate(t)
+	needEnv(t)
+	dir := mustDirs(t).Sandbox("sb")
+	if err := state.Create(dir, &state.Record{Name: "sb", Workspace: t.TempDir(), Image: "host", Runtime: "gvisor",
+		Desired: "stopped", State: state.StateStopped, StopReason: state.StopUser}); err != nil {
+		t.Fatal(err)
+	}
+	record := func() *state.Record {
+		t.Helper()
+		r, err := state.Load(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	for _, tt := range []struct {
+		args []string
+		code int
+		has  string // in stderr
+	}{
+		{[]string{"network", "allow", "sb", "not a rule!"}, ExitUsage, `"not a rule!"`},
+		{[]string{"network", "block", "sb", "example.com", "a..b"}, ExitUsage, `"a..b"`},
+		{[]string{"forward", "add", "sb", "99999"}, ExitUsage, "99999"},
+		{[]string{"forward", "add", "sb", "3000", "--address", "nonsense"}, ExitUsage, "--address"},
+		{[]string{"forward", "remove", "sb", "0"}, ExitUsage, `"0"`},
+		{[]string{"secrets", "refresh", "sb"}, ExitError, "moat up sb"},
+	} {
+		r := moat(tt.args...)
+		if r.code != tt.code || !strings.Contains(r.errOut, tt.has) {
+			t.Errorf("moat %s: exit %d, stderr %q; want %d with %s", strings.Join(tt.args, " "), r.code, r.errOut, tt.code, tt.has)
+		}
+		if r.out != "" {
+			t.Errorf("moat %s printed %q on stdout", strings.Join(tt.args, " "), r.out)
+		}
+	}
+	if rec := record(); rec.Rules != nil || rec.Forwards != nil {
+		t.Errorf("refused changes were written: rules %+v, forwards %+v", rec.Rules, rec.Forwards)
+	}
+
+	for _, args := range [][]string{
+		{"network", "allow", "sb", "example.com", "*.example.org:443"},
+		{"network", "block", "sb", "ads.example"},
+		{"network", "remove", "sb", "example.com"},
+		{"forward", "add", "sb", "8080:80"},
+		{"forward", "add", "--reverse", "sb", "5432"},
+	} {
+		if r := moat(args...); r.code != ExitOK || r.out != "" {
+			t.Errorf("moat %s: exit %d, stdout %q, stderr %q; want 0 and nothing on stdout", strings.Join(args, " "), r.code, r.out, r.errOut)
+		}
+	}
+	rec := record()
+	if rec.Rules == nil || !slices.Equal(rec.Rules.Allow, []string{"*.example.org:443"}) || !slices.Equal(rec.Rules.Block, []string{"ads.example"}) {
+		t.Errorf("runtime rules %+v, want allow *.example.org:443 and block ads.example", rec.Rules)
+	}
+	if f := rec.Forwards; f == nil || len(f.Ports) != 1 || f.Ports[0].Host != 8080 || f.Ports[0].Guest != 80 || len(f.Reverse) != 1 || f.Reverse[0].Host != 5432 {
+		t.Errorf("runtime forwards %+v, want 8080:80 and reverse 5432", rec.Forwards)
+	}
+
+	// --json: one object with "schema": 1 on stdout, nothing else.
+	for _, args := range [][]string{{"status", "sb", "--json"}, {"list", "--json"}, {"network", "list", "sb", "--json"}, {"forward", "list", "sb", "--json"}} {
+		r := moat(args...)
+		var v map[string]any
+		if err := json.Unmarshal([]byte(r.out), &v); r.code != ExitOK || err != nil || v["schema"] != 1.0 {
+			t.Errorf("moat %s: exit %d, stdout %q (%v); want one JSON object with schema 1", strings.Join(args, " "), r.code, r.out, err)
+		}
 	}
 }
