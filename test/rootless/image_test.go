@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log"
+	"net/http/httptest"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -17,9 +19,11 @@ import (
 	"testing"
 
 	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"moat.dev/moat/internal/userns"
@@ -30,7 +34,8 @@ const imgUID, imgGID = 4321, 4322
 
 // TestRootlessImage runs an OCI image without sudo, end to end as the
 // user would: moat image import (each layer unpacked in a user namespace
-// with the sandbox's map), moat run with [sandbox] image. Inside the
+// with the sandbox's map), moat image pull and rm of a second image that
+// shares a layer, moat run with [sandbox] image. Inside the
 // guest a file keeps the owner the image gives it, a file a higher layer
 // whited out is absent and an opaque directory shows only the higher
 // layer's files; the agent is the user, and what it writes in the
@@ -93,6 +98,40 @@ func TestRootlessImage(t *testing.T) {
 	if err := syscall.Lstat(filepath.Join(upper, "opt", "gone"), &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFCHR || st.Rdev != 0 {
 		t.Errorf("the whiteout of opt/gone: mode %o rdev %d (%v), want a 0/0 character device", st.Mode, st.Rdev, err)
 	}
+
+	// moat image pull, from a registry on loopback: the same unpacking,
+	// a layer the store has is not unpacked again, and rm takes only the
+	// layer no other image uses.
+	reg := httptest.NewServer(registry.New(registry.Logger(log.New(io.Discard, "", 0))))
+	t.Cleanup(reg.Close)
+	pulled := strings.TrimPrefix(reg.URL, "http://") + "/moat/pulled:1"
+	pimg, err := mutate.AppendLayers(empty.Image, imageLower(t), layerFrom(t, []tarEntry{
+		{name: "opt/", dir: true, mode: 0o755}, {name: "opt/pulled", body: "pulled", mode: 0o644, uid: imgUID, gid: imgGID}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pref, err := name.ParseReference(pulled, name.Insecure)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := remote.Write(pref, pimg); err != nil {
+		t.Fatalf("pushing to the test registry: %v", err)
+	}
+	if _, se, code := moat(t, ws, "image", "pull", pulled); code != 0 || !strings.Contains(se, "layer 1/2 sha256:") || !strings.Contains(se, "already unpacked") {
+		t.Fatalf("moat image pull %s: exit %d, want the shared layer already unpacked; stderr: %s", pulled, code, se)
+	}
+	pl := layerWith(t, layers, "opt/pulled")
+	var pst syscall.Stat_t
+	if err := syscall.Lstat(filepath.Join(pl, "opt", "pulled"), &pst); err != nil || pst.Uid != hostID(uidMap, imgUID) {
+		t.Errorf("the pulled layer's opt/pulled is uid %d on the host (%v), want %d", pst.Uid, err, hostID(uidMap, imgUID))
+	}
+	if _, se, code := moat(t, ws, "image", "rm", pulled); code != 0 {
+		t.Fatalf("moat image rm %s: exit %d: %s", pulled, code, se)
+	}
+	if _, err := os.Lstat(pl); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("after image rm, the pulled image's own layer is still there: %v", err)
+	}
+	layerWith(t, layers, "opt/owned") // still used by the imported image
 
 	if err := os.WriteFile(filepath.Join(ws, "moat.toml"), []byte("[sandbox]\nimage = \"moat.test/rootless:1\"\n"), 0o644); err != nil {
 		t.Fatal(err)
