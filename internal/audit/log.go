@@ -75,7 +75,10 @@ type Log struct {
 	o    Options
 	log  *slog.Logger
 
-	queue   chan queued
+	// queue holds pointers: a channel's buffer is allocated whole, and
+	// queueLen records by value would hold the process's largest object
+	// from Open on, idle or not; a record waiting costs its own allocation.
+	queue   chan *queued
 	done    chan struct{} // closed when the writer goroutine has exited
 	dropped atomic.Int64  // records Write could not queue, not yet reported
 	dropSB  atomic.Pointer[string]
@@ -197,7 +200,7 @@ func newLog(path string, o Options) (*Log, error) {
 		path:  path,
 		o:     o,
 		log:   o.Logger,
-		queue: make(chan queued, o.queued),
+		queue: make(chan *queued, o.queued),
 		done:  make(chan struct{}),
 		kept:  kept,
 		noise: noise,
@@ -261,7 +264,7 @@ func (l *Log) Write(r Record) {
 // full. The caller holds mu for reading.
 func (l *Log) enqueue(q queued) {
 	select {
-	case l.queue <- q:
+	case l.queue <- &q:
 	default:
 		l.dropped.Add(1)
 		l.lost.Add(1)
@@ -364,7 +367,7 @@ func (l *Log) run() {
 				l.finish()
 				return
 			}
-			l.write(q)
+			l.write(*q)
 			written++
 			// Report drops once the records queued before them are written
 			// (the queue ran empty), or after a queue's worth under load that

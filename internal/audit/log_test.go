@@ -7,9 +7,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func readAll(t *testing.T, path string) []Record {
@@ -290,6 +292,24 @@ func TestLogDropsWhenFullAndSaysSo(t *testing.T) {
 	d := got[len(got)-1]
 	if d.Verdict != Dropped || d.Dropped != 3 || d.Sandbox != "stalled" || d.Schema != Schema || d.Time.IsZero() {
 		t.Fatalf("dropped record %+v", d)
+	}
+}
+
+// An open log's queue holds pointers, not records: a channel's buffer is
+// allocated whole, and an idle gate process would carry queueLen records.
+func TestOpenDoesNotAllocateTheQueuedRecords(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	l, err := newLog(path, Options{})
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { go l.run(); l.Close() }()
+	got, whole := after.TotalAlloc-before.TotalAlloc, uint64(queueLen)*uint64(unsafe.Sizeof(Record{}))
+	if got >= whole/4 {
+		t.Fatalf("opening a log allocated %d bytes; %d records by value are %d", got, queueLen, whole)
 	}
 }
 
