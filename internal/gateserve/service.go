@@ -351,7 +351,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	}
 	for i, t := range s.l.DNSTCP {
 		front := s.front(s.cfg.DNS[i])
-		run(func() { s.accept(ctx, t, func(c net.Conn, tn *tenant) { tn.gate.DNS().ServeTCPAt(ctx, c, front) }, "dns") })
+		run(func() {
+			s.accept(ctx, t, func(c net.Conn, tn *tenant) { tn.gate.DNS().ServeTCPAt(ctx, c, front) }, "dns")
+		})
 	}
 	for _, t := range append(slices.Clone(s.l.HTTP), s.l.HTTPS...) {
 		run(func() { s.accept(ctx, t, func(c net.Conn, tn *tenant) { s.handleTCP(ctx, c, tn) }, "tcp") })
