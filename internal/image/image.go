@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -135,9 +136,21 @@ type Store struct {
 // The root is forced to 0700 because unpacked layers keep their setuid bits and root ownership
 // (sudo inside the sandbox needs them): a setuid-root binary in a directory any host user could
 // reach would be a local privilege escalation. With the root closed, only the user running moat
-// (and root) can reach those files, and they already hold the privileges the files grant.
+// (and root) can reach those files, and they already hold the privileges the files grant. A store
+// without root (OpenRootless) is closed the same way: its setuid files belong to the user's
+// subordinate ids, which the user already commands.
+//
+// As root, a store of another user's is refused: moat without sudo made it (OpenRootless), its
+// files belong to that user's subordinate ids and its opaque directories carry the attribute only
+// a userxattr mount reads, so a root sandbox would see wrong owners and files its image deleted.
 func Open(root string) (*Store, error) {
-	return open(root, nil)
+	return open(root, func(abs string, fi os.FileInfo) error {
+		st, ok := fi.Sys().(*syscall.Stat_t)
+		if ok && os.Geteuid() == 0 && st.Uid != 0 {
+			return fmt.Errorf("image store %s belongs to uid %d: moat without sudo made it, for its own sandboxes; with sudo, use a store of root's (set MOAT_HOME to a directory of root's), or run moat without sudo", abs, st.Uid)
+		}
+		return nil
+	})
 }
 
 // open opens the store at root; check, if set, vets the root directory before anything changes

@@ -102,9 +102,9 @@ func TestRoleRemovesOnlyTheStore(t *testing.T) {
 	}
 }
 
-// TestOpenRootlessRefusesAnotherUsersStore: without root, a store that is not the user's (one
-// made with sudo) cannot be used, and the error says what to do.
-func TestOpenRootlessRefusesAnotherUsersStore(t *testing.T) {
+// TestOpenRefusesAnotherUsersStore: a store is used only by whoever made it: with sudo (root) or
+// without (the user, whose layers belong to its subordinate ids), and each error says what to do.
+func TestOpenRefusesAnotherUsersStore(t *testing.T) {
 	requireRoot(t)
 	root := filepath.Join(t.TempDir(), "images")
 	if err := os.Mkdir(root, 0o700); err != nil {
@@ -116,6 +116,9 @@ func TestOpenRootlessRefusesAnotherUsersStore(t *testing.T) {
 	_, err := OpenRootless(root, "/nonexistent/moat")
 	if err == nil || !strings.Contains(err.Error(), "MOAT_HOME") {
 		t.Fatalf("OpenRootless of a store of uid 54321, as uid 0: %v, want a refusal naming MOAT_HOME", err)
+	}
+	if _, err := Open(root); err == nil || !strings.Contains(err.Error(), "MOAT_HOME") {
+		t.Fatalf("Open of a store of uid 54321, as root: %v, want a refusal naming MOAT_HOME", err)
 	}
 	if fi, _ := os.Stat(root); fi.Mode().Perm() != 0o700 {
 		t.Errorf("the refused store's mode changed to %v", fi.Mode().Perm())

@@ -10,6 +10,7 @@ import (
 	"log"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"os/user"
 	"path/filepath"
 	"regexp"
@@ -92,6 +93,16 @@ func TestRootlessImage(t *testing.T) {
 		if wu, wg := hostID(uidMap, c.uid), hostID(gidMap, c.gid); st.Uid != wu || st.Gid != wg {
 			t.Errorf("%s is %d:%d on the host, want %d:%d (the image's %d:%d through the sandbox's map)", c.path, st.Uid, st.Gid, wu, wg, c.uid, c.gid)
 		}
+	}
+	if got := owner(t, lower+".json"); got != u.uid {
+		t.Errorf("the layer's info %s.json belongs to %s, want the user %d (the store's own files stay the user's)", lower, ownerString(got), u.uid)
+	}
+	// The store is for moat without sudo: root's moat refuses it rather
+	// than mount its layers without userxattr.
+	asRoot := exec.Command(m.bin, "image", "list")
+	asRoot.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "HOME=" + home, "MOAT_HOME=" + home}
+	if out, err := asRoot.CombinedOutput(); err == nil || !strings.Contains(string(out), "moat without sudo made it") {
+		t.Errorf("moat image list as root on the user's store: %v, want a refusal; output: %s", err, out)
 	}
 	upper := layerWith(t, layers, "opt/d/new")
 	var st syscall.Stat_t
