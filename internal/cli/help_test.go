@@ -13,7 +13,8 @@ import (
 )
 
 // TestHelpTexts: every command a user can see has a one-line and a long
-// help in the house style, every flag says what it does, and every command
+// help in the house style, every flag says what it does, a command that
+// takes arguments or flags shows an example, and every command
 // line its help shows (its examples, and the indented "moat ..." lines of
 // its long help) parses: the command exists, its flags exist and take
 // their values, and its arguments are the right number.
@@ -32,6 +33,7 @@ func TestHelpTextsCatch(t *testing.T) {
 		break_ func(c *cobra.Command)
 		want   string // in one of the problems
 	}{
+		{"no example", "status", func(c *cobra.Command) { c.Example = "" }, "moat status: takes arguments or flags but shows no example"},
 		{"no long help", "status", func(c *cobra.Command) { c.Long = "" }, "moat status: no long help"},
 		{"no short help", "status", func(c *cobra.Command) { c.Short = "" }, "moat status: no one-line help"},
 		{"short of two lines", "status", func(c *cobra.Command) { c.Short = "Show\none sandbox's state" }, "one line"},
@@ -129,6 +131,10 @@ func helpProblems(newTree func() *cobra.Command) []string {
 		}
 		if strings.TrimSpace(c.Example) != "" && runs == 0 {
 			add("no example runs moat")
+		}
+		if c.Runnable() && !c.HasSubCommands() && strings.TrimSpace(c.Example) == "" &&
+			(len(strings.Fields(c.Use)) > 1 || c.LocalNonPersistentFlags().HasAvailableFlags()) {
+			add("takes arguments or flags but shows no example (Example)")
 		}
 		for _, line := range strings.Split(c.Long, "\n") {
 			// Indented lines of the long help that start with moat are

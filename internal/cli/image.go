@@ -19,6 +19,7 @@ filesystem ([sandbox] image). Layers are unpacked once per digest and shared.`}
 	var asJSON bool
 	list := &cobra.Command{
 		Use: "list", Short: "List cached images", Long: `List the images in moat's cache with their size on disk.`, Args: cobra.NoArgs,
+		Example: "  moat image list\n  moat image list --json",
 		RunE: func(c *cobra.Command, _ []string) error {
 			e, err := newEnv()
 			if err != nil {
@@ -67,6 +68,7 @@ registry on loopback).`, Args: cobra.ExactArgs(1),
 	}
 	rm := &cobra.Command{
 		Use: "rm REF", Short: "Remove an image and the layers no other image uses", Long: `Remove an image from moat's cache, and the layers no other image uses.`, Args: cobra.ExactArgs(1),
+		Example: "  moat image rm localhost:5000/tools:latest",
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {

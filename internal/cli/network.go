@@ -244,6 +244,9 @@ destination refused again and again has its first refusals one by one,
 then one line per 10 s saying how many more there were. "dropped" lines
 say what was lost (a full disk) or deleted (the [audit] size bound and
 retention).`,
+		Example: `  moat network audit api
+  moat network audit api -f
+  moat network audit api --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, _, err := sandboxNamed(args[0])

@@ -106,6 +106,8 @@ func newPolicyListCmd() *cobra.Command {
 		Long: `List the named policies a configuration can use (default and none, built in,
 and those your files define), with the number of rules, their list's source,
 when it was fetched and how many of its lines could not be used.`,
+		Example: `  moat policy list
+  moat policy list --json`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			e, err := newEnv()
@@ -240,6 +242,8 @@ func newPolicyRefreshCmd() *cobra.Command {
 		Long: `Fetch the list of NAME (or of every named policy with a URL source) now, with a
 conditional request when a copy is cached, then tell every running sandbox to read
 its lists again. Sandboxes also refresh on their own at each policy's interval.`,
+		Example: `  moat policy refresh
+  moat policy refresh ads`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
@@ -318,7 +322,8 @@ func newPolicyRmCmd() *cobra.Command {
 		Long: `Delete the cached copy of NAME's list. Running sandboxes keep the copy they
 loaded until their next refresh; a sandbox started before the list is fetched again
 starts with the policy empty, and says so in moat status.`,
-		Args: cobra.ExactArgs(1),
+		Example: `  moat policy rm ads`,
+		Args:    cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {

@@ -36,6 +36,8 @@ env: sources from this command's environment (else the values the sandbox starte
 with), file: and command: sources on the host. The placeholders stay the same, and
 the values replaced stay scrubbed from what the bound hosts answer. If any value
 cannot be read, nothing changes and the error names the secret and its source.`,
+		Example: `  moat secrets refresh
+  moat secrets refresh api`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()

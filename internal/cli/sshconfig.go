@@ -36,6 +36,8 @@ directory's sandbox, else for every sandbox:
 The connection goes through the sandbox's daemon (ProxyCommand moat ssh-proxy),
 which starts the sandbox if it is stopped. The host key is pinned in the
 sandbox's state directory; the identity is the sandbox's own client key.`,
+		Example: `  moat ssh-config >> ~/.ssh/config
+  moat ssh-config api`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()

@@ -39,6 +39,8 @@ safety (loopback, private ranges, the host's own addresses).
   mode = "report"            # in moat.toml: learn first
   moat run -- npm ci         # the run to learn from
   moat network suggest api   # then paste, and set mode = "enforce"`,
+		Example: `  moat network suggest api
+  moat network suggest api --since 1h`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			_, dir, _, err := sandboxNamed(args[0])
