@@ -276,7 +276,7 @@ func (x *extractor) symlink(parent int, base string, hdr *tar.Header) error {
 	}
 	if x.chown {
 		if err := unix.Fchownat(parent, base, hdr.Uid, hdr.Gid, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return fmt.Errorf("setting symlink owner: %w", err)
+			return x.ownerError("setting symlink owner", hdr, err)
 		}
 	}
 	return setTimes(parent, base, times(hdr))
@@ -341,12 +341,21 @@ func (x *extractor) mkWhiteout(parent int, name string) error {
 	return nil
 }
 
+// ownerError explains a failed chown. In a user namespace (a store without root) EINVAL means
+// the image gives an id the namespace does not map: the user's subordinate range is too small.
+func (x *extractor) ownerError(what string, hdr *tar.Header, err error) error {
+	if errors.Is(err, unix.EINVAL) && x.opaque == overlayUserOpaqueXattr {
+		return fmt.Errorf("%s %d:%d: moat without sudo maps only the ids its subordinate range covers (/etc/subuid, /etc/subgid), and this image uses one past it; as root, give the user a larger range (usermod --add-subuids, --add-subgids), or import and run the image with sudo: %w", what, hdr.Uid, hdr.Gid, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
 // meta sets owner, mode and xattrs on an open file or directory, in that order: chown clears
 // setuid/setgid bits and file capabilities, so they are set after it.
 func (x *extractor) meta(fd int, hdr *tar.Header) error {
 	if x.chown {
 		if err := unix.Fchown(fd, hdr.Uid, hdr.Gid); err != nil {
-			return fmt.Errorf("setting owner: %w", err)
+			return x.ownerError("setting owner", hdr, err)
 		}
 	}
 	// The raw tar mode's low 12 bits are exactly the unix permission bits, setuid, setgid and

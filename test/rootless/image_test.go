@@ -224,6 +224,13 @@ echo hi > f && echo "WROTE=ok"`
 	if _, err := os.Lstat(sentinel); err == nil {
 		t.Errorf("the escaping layer wrote %s", sentinel)
 	}
+	// An id past the user's subordinate range cannot be mapped: refused,
+	// saying what to do.
+	far := filepath.Join(h.base, "far.tar")
+	writeImage(t, far, "moat.test/far:1", layerFrom(t, []tarEntry{{name: "far", body: "far", mode: 0o644, uid: int(u.subUID.Count) + 1000}}))
+	if _, se, code := moat(t, ws, "image", "import", far); code == 0 || !strings.Contains(se, "larger range") {
+		t.Errorf("importing an image with uid %d, past the user's %d subordinate ids: exit %d, want a refusal that says what to do; stderr: %s", u.subUID.Count+1000, u.subUID.Count, code, se)
+	}
 
 	// image rm: the layers, whose files belong to subordinate ids, go too.
 	if _, se, code := moat(t, ws, "image", "rm", "moat.test/rootless:1"); code != 0 {
