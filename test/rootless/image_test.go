@@ -18,6 +18,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/registry"
@@ -197,9 +198,10 @@ echo hi > f && echo "WROTE=ok"`
 		}
 	})
 
-	// destroy: no mount and no process of the sandbox outlives it.
-	if len(mountsUnder(state)) == 0 {
-		t.Errorf("the running sandbox shows no mount under %s: the scan sees nothing", state)
+	// destroy: no mount, namespace or process of the sandbox outlives it.
+	nsBefore := h.sandboxNamespaces()
+	if len(mountsUnder(state)) == 0 || len(nsHolders(nsBefore)) == 0 {
+		t.Errorf("the running sandbox shows no mount under %s or no namespace held: the scans see nothing", state)
 	}
 	if _, se, code := moat(t, ws, "destroy", "--yes", "imgws"); code != 0 {
 		t.Fatalf("moat destroy: exit %d: %s", code, se)
@@ -208,6 +210,16 @@ echo hi > f && echo "WROTE=ok"`
 		t.Errorf("the state dir is still there after destroy: %v", err)
 	}
 	waitNoProcs(t, h)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		held := nsHolders(nsBefore)
+		if len(held) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("10 s after destroy, the sandbox's namespaces are still held:\n%s", strings.Join(held, "\n"))
+			break
+		}
+	}
 	for _, dir := range []string{home, ws} {
 		if left := mountsUnder(dir); len(left) > 0 {
 			t.Errorf("after destroy, mounts at or under %s:\n%s", dir, strings.Join(left, "\n"))
