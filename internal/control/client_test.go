@@ -118,15 +118,30 @@ func TestClientErrorKeepsStatus(t *testing.T) {
 }
 
 // TestClientErrorWithoutBody: a refusal whose body is not the daemon's
-// JSON (a daemon that failed before writing one) still keeps its status.
+// JSON (the 404 of an older daemon that lacks the endpoint, from
+// net/http's mux) keeps its status, and its text or the status's name
+// as the message.
 func TestClientErrorWithoutBody(t *testing.T) {
-	c := fakeDaemon(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.Error(w, "plain text", http.StatusInternalServerError)
-	}))
-	_, err := c.Status(context.Background())
-	var he *HTTPError
-	if !errors.As(err, &he) || he.Status != http.StatusInternalServerError {
-		t.Fatalf("got %v (%T), want an *HTTPError with status 500", err, err)
+	for _, tt := range []struct {
+		status int
+		body   string
+		want   string
+	}{
+		{http.StatusNotFound, "404 page not found\n", "daemon /v1/status: 404 page not found"},
+		{http.StatusInternalServerError, "", "daemon /v1/status: Internal Server Error"},
+		{http.StatusBadRequest, `{"schema":1}`, `daemon /v1/status: {"schema":1}`},
+	} {
+		c := fakeDaemon(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(tt.status)
+			io.WriteString(w, tt.body)
+		}))
+		_, err := c.Status(context.Background())
+		var he *HTTPError
+		if !errors.As(err, &he) || he.Status != tt.status {
+			t.Errorf("%d %q: got %v (%T), want an *HTTPError with status %d", tt.status, tt.body, err, err, tt.status)
+		} else if err.Error() != tt.want {
+			t.Errorf("%d %q: error %q, want %q", tt.status, tt.body, err, tt.want)
+		}
 	}
 }
 

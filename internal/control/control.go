@@ -28,6 +28,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -150,9 +151,7 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 300 {
-		var e ErrorBody
-		json.NewDecoder(resp.Body).Decode(&e)
-		return &HTTPError{What: "daemon " + path, Status: resp.StatusCode, Msg: e.Error}
+		return errorOf("daemon "+path, resp)
 	}
 	if out != nil {
 		return json.NewDecoder(resp.Body).Decode(out)
@@ -178,6 +177,21 @@ type HTTPError struct {
 
 func (e *HTTPError) Error() string { return e.What + ": " + e.Msg }
 
+// errorOf reads an error response. A body that is not ErrorBody (the
+// 404 of an older daemon without the endpoint, from net/http's mux) is
+// kept as its text, so the user sees more than the request's path.
+func errorOf(what string, resp *http.Response) *HTTPError {
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	var e ErrorBody
+	if json.Unmarshal(b, &e) != nil || e.Error == "" {
+		e.Error = strings.TrimSpace(string(b))
+	}
+	if e.Error == "" {
+		e.Error = http.StatusText(resp.StatusCode)
+	}
+	return &HTTPError{What: what, Status: resp.StatusCode, Msg: e.Error}
+}
+
 // DialSSH opens the byte stream to the guest agent.
 func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
 	var d net.Dialer
@@ -196,10 +210,9 @@ func (c *Client) DialSSH(ctx context.Context) (net.Conn, error) {
 		return nil, fmt.Errorf("reading daemon upgrade response: %w", err)
 	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
-		var e ErrorBody
-		json.NewDecoder(resp.Body).Decode(&e)
+		err := errorOf("daemon refused the session", resp)
 		conn.Close()
-		return nil, &HTTPError{What: "daemon refused the session", Status: resp.StatusCode, Msg: e.Error}
+		return nil, err
 	}
 	conn.SetDeadline(time.Time{})
 	return &bufConn{Conn: conn, r: br}, nil

@@ -181,9 +181,7 @@ func (c *Client) Watch(ctx context.Context, fn func(Event) error) error {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		var e ErrorBody
-		json.NewDecoder(resp.Body).Decode(&e)
-		return &HTTPError{What: "daemon /v1/watch", Status: resp.StatusCode, Msg: e.Error}
+		return errorOf("daemon /v1/watch", resp)
 	}
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
