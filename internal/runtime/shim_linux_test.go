@@ -151,3 +151,49 @@ func TestPrepareDiskWithoutImage(t *testing.T) {
 		t.Errorf("rootless with an image: %v, want an error saying to use sudo", err)
 	}
 }
+
+// TestHideSecrets: the host's files that hold secrets are whiteouts in
+// the guest's /etc upper layer (the guest sees no such file), except
+// where the guest wrote its own, which is kept.
+func TestHideSecrets(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a whiteout is a 0/0 character device, which only root can make; run as root")
+	}
+	var present []string
+	for _, n := range hiddenEtc {
+		if _, err := os.Lstat(filepath.Join("/etc", n)); err == nil {
+			present = append(present, n)
+		}
+	}
+	if len(present) == 0 {
+		t.Skip("this host has none of the files hideSecrets hides (/etc/shadow, ...)")
+	}
+	upper := t.TempDir()
+	// The guest changed the first one: its file stays.
+	mine := filepath.Join(upper, present[0])
+	os.MkdirAll(filepath.Dir(mine), 0o755)
+	if err := os.WriteFile(mine, []byte("the guest's own\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // a second start finds the whiteouts in place
+		if err := hideSecrets(upper); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, err := os.ReadFile(mine); err != nil || string(b) != "the guest's own\n" {
+		t.Errorf("the guest's own %s: %q, %v", present[0], b, err)
+	}
+	for _, n := range present[1:] {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(upper, n), &st); err != nil {
+			t.Errorf("/etc/%s is not hidden: %v", n, err)
+			continue
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFCHR || st.Rdev != 0 {
+			t.Errorf("/etc/%s: mode %o rdev %d, want a 0/0 character device (an overlay whiteout)", n, st.Mode, st.Rdev)
+		}
+	}
+	if len(present) < 2 {
+		t.Logf("only %s on this host: the whiteouts themselves were not checked", present[0])
+	}
+}
