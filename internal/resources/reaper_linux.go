@@ -85,7 +85,9 @@ func lockGroup(stateDir string, wait time.Duration) (f *os.File, ok bool, err er
 // Reaper is the daemon's handle on its reaper process.
 type Reaper struct {
 	w    *os.File // the pipe's write end: only the daemon holds it
+	pid  int
 	done chan struct{}
+	err  error // how the reaper ended, once done is closed
 }
 
 // StartReaper starts `moat __reaper` (moat is the binary's path) for the
@@ -114,9 +116,12 @@ func (g *Group) StartReaper(moat, stateDir string, log *os.File) (*Reaper, error
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
 		err := cmd.Start()
 		r.Close()
+		if err == nil {
+			rp.pid = cmd.Process.Pid
+		}
 		started <- err
 		if err == nil {
-			cmd.Wait()
+			rp.err = cmd.Wait()
 		}
 	}()
 	if err := <-started; err != nil {
@@ -205,7 +210,13 @@ func Reap(stateDir string, daemonPID int) int {
 		}
 		break
 	}
-	signal.Reset()
+	// From here the reaper finishes its work, bounded, whatever else
+	// arrives: the daemon's threads exit one by one, and each exit that
+	// re-parents the reaper sends the parent-death signal again, the last
+	// one (to the new parent) often after the pipe's end of file woke it.
+	// With SIGTERM's default action restored, that signal killed the
+	// reaper between its first and second step, groups left behind.
+	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
 	code := 0
 	if dg != nil {
 		// First, while the sandbox's group empties: a daemon the kernel
@@ -257,6 +268,7 @@ func reapSandbox(stateDir string, record []byte, logf func(string, ...any)) int 
 	}
 	start := time.Now()
 	left := g.procs()
+	logf("the daemon is gone; %d process(es) left in its sandbox's cgroup", len(left))
 	for len(left) > 0 && time.Since(start) < emptyWait {
 		time.Sleep(50 * time.Millisecond)
 		left = g.procs()

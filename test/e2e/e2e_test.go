@@ -216,7 +216,7 @@ func assertNothingLeft(t *testing.T) {
 			left = append(left, "mounts under MOAT_HOME")
 		}
 		for _, l := range strings.Split(string(ps), "\n") {
-			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim") || strings.Contains(l, "__reaper")) {
+			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim") || strings.Contains(l, "__reaper") || strings.Contains(l, "__gate")) {
 				left = append(left, l)
 			}
 		}
