@@ -55,6 +55,7 @@ func RunGate(o Options) error {
 	if d.o.Ready != nil {
 		d.o.Ready.Close()
 	}
+	d.cancel() // runGate's own exits end it too; this covers the ones before
 	waitTasks(&d.tasks, gateTasksWait, d.log)
 	return err
 }
