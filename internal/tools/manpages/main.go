@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"os"
 
-	"moat.dev/moat/internal/cli"
+	"moat.dev/moat/internal/reference"
 )
 
 func main() {
@@ -15,7 +15,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: manpages DIR")
 		os.Exit(2)
 	}
-	if err := cli.WriteReference(os.Args[1], true); err != nil {
+	if err := reference.Write(os.Args[1], true); err != nil {
 		fmt.Fprintln(os.Stderr, "manpages:", err)
 		os.Exit(1)
 	}

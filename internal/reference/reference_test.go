@@ -1,10 +1,12 @@
-package cli
+package reference
 
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -17,12 +19,12 @@ const referenceDir = "../../docs/commands"
 func TestReferenceCurrent(t *testing.T) {
 	if os.Getenv("MOAT_UPDATE_REFERENCE") == "1" {
 		os.RemoveAll(referenceDir)
-		if err := WriteReference(referenceDir, false); err != nil {
+		if err := Write(referenceDir, false); err != nil {
 			t.Fatal(err)
 		}
 	}
 	tmp := t.TempDir()
-	if err := WriteReference(tmp, false); err != nil {
+	if err := Write(tmp, false); err != nil {
 		t.Fatal(err)
 	}
 	want := pages(t, tmp)
@@ -61,4 +63,24 @@ func pages(t *testing.T, dir string) map[string][]byte {
 		out[filepath.Base(f)] = b
 	}
 	return out
+}
+
+// TestMoatDoesNotLinkTheGenerator fails when the moat binary links the
+// reference's generators again (say, through an import of this package or
+// of cobra/doc from internal/cli): each moat process would run their
+// package initialisation.
+func TestMoatDoesNotLinkTheGenerator(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("needs the go command on PATH to list the moat binary's packages")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "moat.dev/moat/cmd/moat").Output()
+	if err != nil {
+		t.Fatalf("go list -deps moat.dev/moat/cmd/moat: %v", err)
+	}
+	for _, p := range strings.Fields(string(out)) {
+		if p == "moat.dev/moat/internal/reference" || strings.HasPrefix(p, "github.com/spf13/cobra/doc") || strings.Contains(p, "md2man") {
+			t.Errorf("the moat binary links %s", p)
+		}
+	}
 }
