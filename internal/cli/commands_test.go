@@ -111,10 +111,10 @@ func TestHelpExitsZero(t *testing.T) {
 		t.Errorf("moat help exit-codes: exit %d, stdout %q", r.code, r.out)
 	}
 	t.Run("unknown topic", func(t *testing.T) {
-		if r := moat("help", "no-such-topic"); r.code != ExitUsage {
-			// Known gap: the help command's Find returns the root
-			// command, without an error, for any word it does not know.
-			t.Skipf("moat help no-such-topic exits %d, printing moat's help; want %d (fix the help command in root.go, then this runs)", r.code, ExitUsage)
+		for _, args := range [][]string{{"help", "no-such-topic"}, {"help", "network", "no-such-topic"}} {
+			if r := moat(args...); r.code != ExitUsage || !strings.Contains(r.errOut, "unknown help topic") {
+				t.Errorf("moat %s: exit %d, stderr %q; want %d and unknown help topic", strings.Join(args, " "), r.code, r.errOut, ExitUsage)
+			}
 		}
 	})
 }
@@ -137,9 +137,6 @@ var anyArgs = map[string]string{
 	// Its words are a preset and a command; presetArgs refuses two
 	// words before -- (TestUsageExitCodes).
 	"moat run": "preset and command",
-	// Known gap: it has no Args, so `moat exit-codes x` prints the codes
-	// and exits 0. Remove it from here once it is cobra.NoArgs.
-	"moat exit-codes": "no Args",
 }
 
 // TestArgCountExitsTwo: a wrong number of arguments is bad usage on every

@@ -68,10 +68,7 @@ func f(name string) error {
 
 // hintGaps are hints known not to run as written, and why; each is a
 // fix to make in its file, then remove it here.
-var hintGaps = map[string]string{
-	// ApplyRuleChange does not know the sandbox's name.
-	"internal/daemon/network.go: moat network list": "lacks the sandbox's NAME",
-}
+var hintGaps = map[string]string{}
 
 type hint struct {
 	pos  string

@@ -81,10 +81,7 @@ change at once.`,
 				_, err := c.ChangeRules(ctx, control.RuleChange{Op: op, Entries: entries})
 				return err
 			}, func(r *state.Record) error {
-				if r.Rules == nil {
-					r.Rules = &state.RuntimeRules{}
-				}
-				return withCode(ExitUsage, daemon.ApplyRuleChange(r.Rules, op, entries))
+				return withCode(ExitUsage, daemon.ApplyRuleChange(r, op, entries))
 			})
 			if err != nil {
 				return err

@@ -172,6 +172,7 @@ Start here:
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",
 		Long:  `Print what each of moat's exit codes means.`,
+		Args:  cobra.NoArgs,
 		Run:   func(c *cobra.Command, _ []string) { fmt.Fprint(c.OutOrStdout(), exitCodesHelp) },
 	})
 	root.SetHelpCommand(&cobra.Command{
@@ -182,8 +183,10 @@ Start here:
 				fmt.Fprint(c.OutOrStdout(), exitCodesHelp)
 				return nil
 			}
-			cmd, _, err := c.Root().Find(args)
-			if cmd == nil || err != nil {
+			// Find gives the deepest command the words name and the words
+			// past it: a word it does not know is one of those.
+			cmd, rest, err := c.Root().Find(args)
+			if cmd == nil || err != nil || len(rest) > 0 {
 				return withCode(ExitUsage, fmt.Errorf("unknown help topic %q; see: moat --help", args))
 			}
 			return cmd.Help()

@@ -153,11 +153,15 @@ func PresetRules(presets []string) []policy.Rule {
 	return out
 }
 
-// ApplyRuleChange changes the runtime layer: allow and block add entries
-// (an entry is in one list at most, so allowing a blocked entry moves it),
-// remove takes them out of both. Entries are checked first; nothing
-// changes if one is bad.
-func ApplyRuleChange(rt *state.RuntimeRules, op string, entries []string) error {
+// ApplyRuleChange changes the runtime layer of rec's sandbox: allow and
+// block add entries (an entry is in one list at most, so allowing a
+// blocked entry moves it), remove takes them out of both. Entries are
+// checked first; nothing changes if one is bad.
+func ApplyRuleChange(rec *state.Record, op string, entries []string) error {
+	if rec.Rules == nil {
+		rec.Rules = &state.RuntimeRules{}
+	}
+	rt := rec.Rules
 	for _, e := range entries {
 		if _, err := policy.ParseEntry(e); err != nil {
 			return fmt.Errorf("%q: %w", e, err)
@@ -181,7 +185,7 @@ func ApplyRuleChange(rt *state.RuntimeRules, op string, entries []string) error 
 			n := len(rt.Allow) + len(rt.Block)
 			rt.Allow, rt.Block = del(rt.Allow, e), del(rt.Block, e)
 			if len(rt.Allow)+len(rt.Block) == n {
-				return fmt.Errorf("%q is not a runtime rule of this sandbox (rules from moat.toml or config.toml are changed there; see: moat network list)", e)
+				return fmt.Errorf("%q is not a runtime rule of this sandbox (rules from moat.toml or config.toml are changed there; see: moat network list %s)", e, rec.Name)
 			}
 		}
 	default:
@@ -478,10 +482,7 @@ func (d *daemon) handleChangeRules(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	err := d.updateRecord(func(rec *state.Record) error {
-		if rec.Rules == nil {
-			rec.Rules = &state.RuntimeRules{}
-		}
-		return ApplyRuleChange(rec.Rules, ch.Op, ch.Entries)
+		return ApplyRuleChange(rec, ch.Op, ch.Entries)
 	})
 	if err != nil {
 		writeJSON(w, http.StatusBadRequest, control.ErrorBody{Schema: control.Schema, Error: err.Error()})

@@ -64,7 +64,7 @@ func TestRulesDefaultAndUnknownPolicy(t *testing.T) {
 }
 
 func TestApplyRuleChange(t *testing.T) {
-	rt := &state.RuntimeRules{}
+	rec := &state.Record{Name: "ws"}
 	steps := []struct {
 		op      string
 		entries []string
@@ -76,12 +76,13 @@ func TestApplyRuleChange(t *testing.T) {
 		{"block", []string{"a.test"}, "b.test", "a.test", ""},
 		{"allow", []string{"A.TEST"}, "b.test A.TEST", "", ""},
 		{"remove", []string{"b.test"}, "A.TEST", "", ""},
-		{"remove", []string{"c.test"}, "A.TEST", "", "not a runtime rule"},
+		{"remove", []string{"c.test"}, "A.TEST", "", "see: moat network list ws)"},
 		{"allow", []string{"ok.test", "http://bad/"}, "A.TEST", "", "http://bad/"},
 		{"grant", []string{"x.test"}, "A.TEST", "", "unknown rule operation"},
 	}
 	for _, s := range steps {
-		err := ApplyRuleChange(rt, s.op, s.entries)
+		err := ApplyRuleChange(rec, s.op, s.entries)
+		rt := rec.Rules
 		if (err == nil) != (s.wantErr == "") || (err != nil && !strings.Contains(err.Error(), s.wantErr)) {
 			t.Fatalf("%s %v: err %v, want %q", s.op, s.entries, err, s.wantErr)
 		}

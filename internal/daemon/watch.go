@@ -329,10 +329,7 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 	}
 	res.Rule, res.File = strings.Join(entries, ", "), a.Written
 	err = d.updateRecord(func(rec *state.Record) error {
-		if rec.Rules == nil {
-			rec.Rules = &state.RuntimeRules{}
-		}
-		return ApplyRuleChange(rec.Rules, list, entries)
+		return ApplyRuleChange(rec, list, entries)
 	})
 	if err != nil {
 		return res, err
