@@ -93,11 +93,13 @@ pss "$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")"
 moat_pss=$pss_kb moat_pids=${#pids[@]} moat_spaces=${#spaces[@]}
 # moat's own host processes (the daemon's keeper and gate process, the
 # reaper, the shim): each is a process of bin/moat, named by its role.
+# In tenths: whole MiB rounded down read 20.9 as 20, under a 20 MiB target.
+mib() { awk -v k="$1" 'BEGIN{printf "%.1f", k / 1024}'; }
 own=() own_kb=0
 for p in "${pids[@]}"; do
 	[ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$(readlink -f "$MOAT")" ] || continue
 	kb=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
-	own+=("$(tr '\0' ' ' < "/proc/$p/cmdline" | awk '{print $2}')=$((kb / 1024))")
+	own+=("$(tr '\0' ' ' < "/proc/$p/cmdline" | awk '{print $2}')=$(mib "$kb")")
 	own_kb=$((own_kb + kb))
 done
 
@@ -134,5 +136,5 @@ printf '      floor: bare runsc run of moat version %s ms, %s more than of /bin/
 printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <= 0.5)\n' "$wm" "$wb" "$(awk -v a="$wm" -v b="$wb" 'BEGIN{printf "%.2f", a/b}')"
 printf '      floors: /usr/bin/true from a shell in the guest %s ms, moat CLI start and exit on the host %s ms; 0.5 x runsc exec is %s ms\n' "$guest_true" "$cli_start" "$(awk -v b="$wb" 'BEGIN{printf "%.1f", b/2}')"
 printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((moat_pss / 1024))" "$moat_pids" "$moat_spaces"
-printf "moat's own processes: %d MiB PSS (%s)\n" "$((own_kb / 1024))" "${own[*]}"
+printf "moat's own processes: %s MiB PSS (%s)\n" "$(mib "$own_kb")" "${own[*]}"
 printf 'idle bare runsc:  %d MiB over %d processes, %d address spaces (runsc running sleep: the runtime alone)\n' "$((bare_pss / 1024))" "$bare_pids" "$bare_spaces"
