@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,8 +49,16 @@ func newClientNS(t *testing.T, k int) *clientNS {
 			t.Fatalf("ip %q: %v: %s", args, err, out)
 		}
 	}
+	removeStaleNS(t)
+	if out, _ := exec.Command("ip", "route", "show", c.gw.String()+"/24").Output(); len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("100.77.%d.0/24 is routed already (%s): another test's namespace? remove it with ip netns del", k, strings.TrimSpace(string(out)))
+	}
 	run("netns", "add", c.name)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", c.name).Run() })
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", c.name).CombinedOutput(); err != nil {
+			t.Errorf("removing namespace %s: %v: %s", c.name, err, out)
+		}
+	})
 	run("link", "add", c.hostIf, "type", "veth", "peer", "name", "eth0", "netns", c.name)
 	run("addr", "add", c.gw.String()+"/24", "dev", c.hostIf)
 	run("link", "set", c.hostIf, "up")
@@ -58,6 +67,26 @@ func newClientNS(t *testing.T, k int) *clientNS {
 	run("-n", c.name, "link", "set", "eth0", "up")
 	run("-n", c.name, "link", "set", "lo", "up")
 	return c
+}
+
+// removeStaleNS removes the namespaces of test processes that died before
+// their cleanups ran (moat-gs-<pid>-<k> whose pid is gone): their routes
+// would take the next run's packets.
+func removeStaleNS(t *testing.T) {
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		rest, ok := strings.CutPrefix(e.Name(), "moat-gs-")
+		if !ok {
+			continue
+		}
+		pid, _, _ := strings.Cut(rest, "-")
+		if _, err := os.Stat("/proc/" + pid); err == nil {
+			continue
+		}
+		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
+			t.Logf("removing the leftover namespace %s: %v: %s", e.Name(), err, out)
+		}
+	}
 }
 
 // in runs fn on a thread inside the namespace: sockets fn creates stay

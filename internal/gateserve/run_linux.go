@@ -106,16 +106,20 @@ func runJailed(ctx context.Context, path string, log *slog.Logger) error {
 		ls.Close()
 		return err
 	}
-	binds, err := svc.jailBinds()
+	binds, reread, err := svc.jailBinds()
 	if err != nil {
 		ls.Close()
 		return err
 	}
+	for _, p := range reread {
+		if !readableBy(p, cfg.UID, cfg.GID) {
+			log.Warn("gate service: a reload reads this file as service.uid, which cannot read it; make it readable by the uid or gid, or reloads will be refused",
+				"file", p, "uid", cfg.UID, "gid", cfg.GID)
+		}
+	}
 	time.Now().Zone() // /etc/localtime, for the log's times
 	err = lockdown.Apply(lockdown.Config{UID: cfg.UID, GID: cfg.GID, Binds: binds,
-		// A socket per client connection and per upstream, the audit
-		// logs' files, and room for the runtime.
-		NoFile:            65536,
+		NoFile:            noFile(),
 		ParentDeathSignal: unix.SIGKILL,
 	})
 	if err != nil {
@@ -156,7 +160,10 @@ func runJailed(ctx context.Context, path string, log *slog.Logger) error {
 // tenants' policy files, file: secrets and trust roots. Directories, not
 // files: an editor replaces a file by renaming a new one over it, which a
 // bind of the old file would never show.
-func (s *Service) jailBinds() ([]lockdown.Bind, error) {
+//
+// It also returns the files a reload reads again, for the caller to check
+// that service.uid can read them.
+func (s *Service) jailBinds() (binds []lockdown.Bind, reread []string, err error) {
 	rw := map[string]bool{}
 	own := func(file string) error {
 		dir := filepath.Dir(file)
@@ -174,33 +181,32 @@ func (s *Service) jailBinds() ([]lockdown.Bind, error) {
 		return nil
 	}
 	if err := own(s.cfg.Audit); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ro := []string{filepath.Dir(s.cfg.Path)}
+	reread = []string{s.cfg.Path}
 	for _, t := range s.tenants.Load().byName {
 		if err := own(t.cfg.Audit); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if err := own(t.cfg.Placeholders); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		for _, p := range t.cfg.Policy {
-			ro = append(ro, filepath.Dir(p))
-		}
+		reread = append(reread, t.cfg.Policy...)
 		r, err := readRules(t.cfg, s.roots)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, sec := range r.secrets {
 			if p, ok := strings.CutPrefix(sec.From, "file:"); ok {
-				ro = append(ro, filepath.Dir(p))
+				reread = append(reread, p)
 			}
 		}
-		for _, p := range r.network.Trust {
-			ro = append(ro, filepath.Dir(p))
-		}
+		reread = append(reread, r.network.Trust...)
 	}
-	var binds []lockdown.Bind
+	var ro []string
+	for _, p := range reread {
+		ro = append(ro, filepath.Dir(p))
+	}
 	for d := range rw {
 		binds = append(binds, lockdown.Bind{Path: d, Writable: true})
 	}
@@ -215,5 +221,38 @@ func (s *Service) jailBinds() ([]lockdown.Bind, error) {
 			binds = append(binds, lockdown.Bind{Path: d})
 		}
 	}
-	return binds, nil
+	return binds, reread, nil
+}
+
+// readableBy reports whether uid (with group gid and no others) may read
+// path, and search its directory (the jail binds the directory), by the
+// mode bits alone.
+func readableBy(path string, uid, gid int) bool {
+	return permits(path, uid, gid, 0o4) && permits(filepath.Dir(path), uid, gid, 0o1)
+}
+
+// permits checks one permission (4 read, 1 search) for uid and gid.
+func permits(path string, uid, gid int, bit uint32) bool {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return false
+	}
+	switch {
+	case int(st.Uid) == uid:
+		return st.Mode&(bit<<6) != 0
+	case int(st.Gid) == gid:
+		return st.Mode&(bit<<3) != 0
+	}
+	return st.Mode&bit != 0
+}
+
+// noFile is the jail's RLIMIT_NOFILE: a socket per client connection and
+// per upstream, the audit logs' files and room for the runtime want 65536;
+// raising the hard limit is not the service's to do, so at most that.
+func noFile() uint64 {
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil || lim.Max > 65536 {
+		return 65536
+	}
+	return lim.Max
 }
