@@ -257,7 +257,7 @@ func TestParseErrors(t *testing.T) {
 		{"image ~user", `sandbox.image = "~bob/x.tar"`, []string{`only ~ and ~/ are expanded`}},
 		{"runtime runc", "[sandbox]\nruntime = \"runc\"", []string{`2:11: sandbox.runtime: runtime "runc" is not supported yet`}},
 		{"runtime vm", `sandbox.runtime = "vm"`, []string{`runtime "vm" is not supported yet`}},
-		{"runtime unknown", `sandbox.runtime = "docker"`, []string{`unknown runtime "docker"; write "gvisor"`}},
+		{"runtime unknown", `sandbox.runtime = "podman"`, []string{`1:19: sandbox.runtime: unknown runtime "podman"; write "gvisor"`}},
 		{"platform unknown", "[sandbox]\nplatform = \"ptrace\"", []string{`2:12: sandbox.platform: unknown platform "ptrace"; write "auto"`}},
 		{"platform type", `sandbox.platform = 1`, []string{"sandbox.platform: expected a string"}},
 		{"cpus zero", "[sandbox]\ncpus = 0", []string{"2:8: sandbox.cpus: 0 is out of range; write a whole number of at least 1"}},
@@ -566,5 +566,23 @@ target = "/etc/gitconfig/"
 	}
 	if !reflect.DeepEqual(f.Files, want) {
 		t.Errorf("got %+v, want %+v", f.Files, want)
+	}
+}
+
+func TestParseRuntime(t *testing.T) {
+	for _, rt := range []string{"gvisor", "docker"} {
+		f, err := parse(t, "[sandbox]\nruntime = \""+rt+"\"\n")
+		if err != nil {
+			t.Fatalf("runtime %s: %v", rt, err)
+		}
+		if got := f.Sandbox.Runtime; got == nil || *got != rt {
+			t.Errorf("runtime %s: got %v", rt, got)
+		}
+		if got := Merge(f).Sandbox.Runtime; got != rt {
+			t.Errorf("runtime %s merged: got %q", rt, got)
+		}
+	}
+	if got := Merge().Sandbox.Runtime; got != "gvisor" {
+		t.Errorf("default runtime = %q, want gvisor", got)
 	}
 }

@@ -1,0 +1,223 @@
+package dockerrt
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/docker/docker/api/types/build"
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+)
+
+// ErrUnreachable matches an error about reaching the Docker engine.
+var ErrUnreachable = errors.New("the Docker engine is not reachable")
+
+// Engine is a connection to the Docker engine of $DOCKER_HOST (default:
+// /var/run/docker.sock).
+type Engine struct {
+	c *client.Client
+}
+
+// pingTimeout bounds the first request: a socket nobody answers on
+// should not make the user wait.
+const pingTimeout = 5 * time.Second
+
+// Connect opens a client and checks that the engine answers. The API
+// version is negotiated down to the engine's: Debian 12's Docker 20.10
+// speaks 1.41, older than this client's default.
+func Connect(ctx context.Context) (*Engine, error) {
+	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+	}
+	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+	defer cancel()
+	if _, err := c.Ping(pctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%w at %s: %v; start it (e.g. systemctl start docker) or set DOCKER_HOST", ErrUnreachable, c.DaemonHost(), err)
+	}
+	c.NegotiateAPIVersion(ctx)
+	return &Engine{c: c}, nil
+}
+
+// Close closes the connection.
+func (e *Engine) Close() error { return e.c.Close() }
+
+// Version is the engine's version and API version.
+func (e *Engine) Version(ctx context.Context) (string, string, error) {
+	v, err := e.c.ServerVersion(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	return v.Version, v.APIVersion, nil
+}
+
+// HasRuntime reports whether the engine has an OCI runtime registered
+// under name ("runsc").
+func (e *Engine) HasRuntime(ctx context.Context, name string) (bool, error) {
+	info, err := e.c.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("asking the Docker engine for its runtimes: %w", err)
+	}
+	_, ok := info.Runtimes[name]
+	return ok, nil
+}
+
+// ResolveImage returns the id (sha256:...) of a local image: the digest
+// a sandbox records, so that a tag moved later does not change it.
+func (e *Engine) ResolveImage(ctx context.Context, ref string) (string, error) {
+	img, err := e.c.ImageInspect(ctx, ref)
+	if err != nil {
+		if client.IsErrNotFound(err) {
+			return "", fmt.Errorf("docker has no image %q; import or build it first (docker import, docker build), moat pulls nothing on this runtime", ref)
+		}
+		return "", fmt.Errorf("inspecting image %q: %w", ref, err)
+	}
+	return img.ID, nil
+}
+
+// GateImage builds, once per moat binary, the gate's image: FROM scratch,
+// the (static) moat binary and the host's CA bundle, which the gate
+// verifies upstreams with. No registry is involved. It returns the
+// image's id.
+func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, error) {
+	bin, err := os.ReadFile(moat)
+	if err != nil {
+		return "", fmt.Errorf("reading the moat binary for the gate's image: %w", err)
+	}
+	sum := sha256.Sum256(bin)
+	tag := "moat-gate:" + hex.EncodeToString(sum[:8])
+	if id, err := e.ResolveImage(ctx, tag); err == nil {
+		return id, nil
+	}
+	var ctxTar bytes.Buffer
+	tw := tar.NewWriter(&ctxTar)
+	add := func(name string, mode int64, data []byte) error {
+		if err := tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(data)), ModTime: time.Unix(0, 0)}); err != nil {
+			return err
+		}
+		_, err := tw.Write(data)
+		return err
+	}
+	dockerfile := "FROM scratch\nCOPY moat /moat\n"
+	if ca, err := os.ReadFile(caBundle); err == nil {
+		if err := add("ca-certificates.crt", 0o644, ca); err != nil {
+			return "", err
+		}
+		dockerfile += "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
+	}
+	dockerfile += "ENTRYPOINT [\"/moat\"]\n"
+	if err := add("moat", 0o755, bin); err != nil {
+		return "", err
+	}
+	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
+		return "", err
+	}
+	if err := tw.Close(); err != nil {
+		return "", err
+	}
+	resp, err := e.c.ImageBuild(ctx, &ctxTar, build.ImageBuildOptions{
+		Tags: []string{tag}, Remove: true, ForceRemove: true,
+		Labels: map[string]string{"moat.gate": "1"},
+	})
+	if err != nil {
+		return "", fmt.Errorf("building the gate's image: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := buildError(resp.Body); err != nil {
+		return "", fmt.Errorf("building the gate's image: %w", err)
+	}
+	return e.ResolveImage(ctx, tag)
+}
+
+// buildError reads a build's JSON message stream to its end and returns
+// the first error it reports.
+func buildError(r io.Reader) error {
+	dec := json.NewDecoder(r)
+	for {
+		var m struct {
+			Error       string `json:"error"`
+			ErrorDetail struct {
+				Message string `json:"message"`
+			} `json:"errorDetail"`
+		}
+		if err := dec.Decode(&m); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+		if m.Error != "" {
+			return errors.New(m.Error)
+		}
+	}
+}
+
+// usedSubnets are the IPv4 subnets of Docker's networks.
+func (e *Engine) usedSubnets(ctx context.Context) ([]netip.Prefix, error) {
+	nets, err := e.c.NetworkList(ctx, network.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing Docker's networks: %w", err)
+	}
+	var out []netip.Prefix
+	for _, n := range nets {
+		for _, c := range n.IPAM.Config {
+			if p, err := netip.ParsePrefix(c.Subnet); err == nil {
+				out = append(out, p)
+			}
+		}
+	}
+	return out, nil
+}
+
+// remove deletes every container and network labelled with the
+// sandbox's name: what Up made, or a crashed Up left.
+func (e *Engine) remove(ctx context.Context, name string) error {
+	f := filters.NewArgs(filters.Arg("label", Label+"="+name))
+	cs, err := e.c.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
+	if err != nil {
+		return fmt.Errorf("listing the sandbox's containers: %w", err)
+	}
+	var errs []error
+	for _, c := range cs {
+		if err := e.c.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true}); err != nil && !client.IsErrNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing container %s: %w", c.Names, err))
+		}
+	}
+	ns, err := e.c.NetworkList(ctx, network.ListOptions{Filters: f})
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("listing the sandbox's networks: %w", err))...)
+	}
+	for _, n := range ns {
+		if err := e.c.NetworkRemove(ctx, n.ID); err != nil && !client.IsErrNotFound(err) {
+			errs = append(errs, fmt.Errorf("removing network %s: %w", n.Name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// running reports whether the container called name runs, and its pid.
+func (e *Engine) running(ctx context.Context, name string) (bool, int, error) {
+	c, err := e.c.ContainerInspect(ctx, name)
+	if client.IsErrNotFound(err) {
+		return false, 0, nil
+	}
+	if err != nil {
+		return false, 0, err
+	}
+	if c.State == nil || !c.State.Running {
+		return false, 0, nil
+	}
+	return true, c.State.Pid, nil
+}

@@ -1,0 +1,148 @@
+package dockerrt
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+
+	toml "github.com/pelletier/go-toml/v2"
+)
+
+// Names of a sandbox's Docker objects. Frozen: Down finds an older moat's
+// objects by them (and by the label).
+func (r *Record) internalNet() string { return "moat-" + r.Name + "-int" }
+func (r *Record) egressNet() string   { return "moat-" + r.Name + "-egress" }
+func (r *Record) gateName() string    { return "moat-" + r.Name + "-gate" }
+func (r *Record) workName() string    { return "moat-" + r.Name + "-work" }
+
+// Label marks every object of a sandbox, with its name as the value.
+const Label = "moat.sandbox"
+
+// Paths inside the gate container: its directory, from the sandbox's
+// state directory (gate/), holds the configuration, the tenant's policy
+// and the service's state (CA, audit).
+const (
+	gateDir    = "/moat-gate"
+	gateConfig = gateDir + "/gate.toml"
+	gatePolicy = gateDir + "/policy.toml"
+	gateState  = gateDir + "/state"
+	// tenant is the workload's tenant name in the gate's configuration.
+	tenant = "workload"
+)
+
+// subnetPool is where internal subnets are taken from, a /24 each: a
+// private range Docker's default address pools (172.17.0.0/12 and
+// 192.168.0.0/16) leave alone.
+var subnetPool = netip.MustParsePrefix("10.213.0.0/16")
+
+// ErrNoSubnet is returned when every /24 of the pool is taken.
+var ErrNoSubnet = errors.New("no free /24 in " + subnetPool.String() + " for the sandbox's internal network")
+
+// PickSubnet returns the first /24 of the pool that overlaps none of used
+// (the host's routes and Docker's networks).
+func PickSubnet(used []netip.Prefix) (netip.Prefix, error) {
+	base := subnetPool.Addr().As4()
+	for i := 0; i < 256; i++ {
+		p := netip.PrefixFrom(netip.AddrFrom4([4]byte{base[0], base[1], byte(i), 0}), 24)
+		free := true
+		for _, u := range used {
+			if u.Overlaps(p) {
+				free = false
+				break
+			}
+		}
+		if free {
+			return p, nil
+		}
+	}
+	return netip.Prefix{}, ErrNoSubnet
+}
+
+// hostAt is the address n of subnet (.1 bridge, .2 gate, .3 workload).
+func hostAt(subnet netip.Prefix, n byte) netip.Addr {
+	a := subnet.Addr().As4()
+	a[3] = n
+	return netip.AddrFrom4(a)
+}
+
+// GateConfig is the gate service's configuration for a sandbox: listeners
+// on the gate's internal address only (the egress side serves nobody),
+// one tenant, the workload's address.
+func GateConfig(gate, workload netip.Addr, upstream []netip.AddrPort) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Written by moat for a sandbox on Docker; replaced at each start.\n")
+	fmt.Fprintf(&b, "[service]\nstate_dir = %q\n\n", gateState)
+	fmt.Fprintf(&b, "[listen]\ndns = [\"%s:53\"]\nhttp = [\"%s:80\"]\nhttps = [\"%s:443\"]\n\n", gate, gate, gate)
+	if len(upstream) > 0 {
+		var us []string
+		for _, u := range upstream {
+			us = append(us, fmt.Sprintf("%q", u.String()))
+		}
+		fmt.Fprintf(&b, "[upstream]\ndns = [%s]\n\n", strings.Join(us, ", "))
+	}
+	fmt.Fprintf(&b, "[tenants.%s]\nsources = [\"%s\"]\npolicy = [%q]\n", tenant, workload, gatePolicy)
+	return b.Bytes()
+}
+
+// gateTables are the tables of moat.toml the gate service reads.
+var gateTables = []string{"network", "policies", "audit"}
+
+// PolicyFile makes the tenant's policy from moat.toml-syntax files,
+// lowest layer first: their [network], [policies] and [audit] tables, in
+// one file (the service refuses a file with [sandbox] or [hooks]), later
+// files' lists after earlier ones' as config.Merge would union them.
+// trust maps each [network] trust path to the path the gate sees it at.
+//
+// [secrets] are left out: the gate service reads a secret's value from its
+// own environment or files, and a container's environment is visible to
+// `docker inspect`; secrets on Docker wait for a way to hand them over
+// (docs/docker.md).
+func PolicyFile(files map[string][]byte, order []string, trust func(string) (string, error)) ([]byte, bool, error) {
+	merged := map[string]any{}
+	var dropped bool
+	for _, name := range order {
+		var doc map[string]any
+		if err := toml.Unmarshal(files[name], &doc); err != nil {
+			return nil, false, fmt.Errorf("reading %s: %w", name, err)
+		}
+		if _, ok := doc["secrets"]; ok {
+			dropped = true
+		}
+		for _, t := range gateTables {
+			sub, ok := doc[t].(map[string]any)
+			if !ok {
+				continue
+			}
+			dst, _ := merged[t].(map[string]any)
+			if dst == nil {
+				dst = map[string]any{}
+				merged[t] = dst
+			}
+			for k, v := range sub {
+				if t == "network" && k == "trust" {
+					list, _ := v.([]any)
+					var out []any
+					for _, p := range list {
+						s, _ := p.(string)
+						q, err := trust(s)
+						if err != nil {
+							return nil, false, err
+						}
+						out = append(out, q)
+					}
+					v = out
+				}
+				if old, ok := dst[k].([]any); ok {
+					if nv, ok := v.([]any); ok {
+						v = append(append([]any{}, old...), nv...)
+					}
+				}
+				dst[k] = v
+			}
+		}
+	}
+	b, err := toml.Marshal(merged)
+	return b, dropped, err
+}

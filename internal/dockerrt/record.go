@@ -1,0 +1,69 @@
+package dockerrt
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"os"
+	"path/filepath"
+)
+
+// RecordFile is the record's name in the sandbox's state directory.
+const RecordFile = "docker.json"
+
+// Schema is the record's version.
+const Schema = 1
+
+// Record is docker.json (package doc). Field names are frozen.
+type Record struct {
+	Schema int    `json:"schema"`
+	Name   string `json:"name"`
+	// Image is the reference as configured; ImageID what it resolved to
+	// when the sandbox was made, which every start uses.
+	Image     string `json:"image"`
+	ImageID   string `json:"image_id"`
+	GateImage string `json:"gate_image,omitempty"`
+	// Runtime is Docker's runtime for the workload: "runsc" or "runc".
+	Runtime    string       `json:"runtime"`
+	Subnet     netip.Prefix `json:"subnet,omitzero"`
+	GateIP     netip.Addr   `json:"gate_ip,omitzero"`
+	WorkloadIP netip.Addr   `json:"workload_ip,omitzero"`
+	Bridge     string       `json:"bridge,omitempty"`
+}
+
+// ErrNoRecord is returned by Load for a sandbox that is not Docker's.
+var ErrNoRecord = errors.New("no docker record")
+
+// Load reads dir's record.
+func Load(dir string) (*Record, error) {
+	b, err := os.ReadFile(filepath.Join(dir, RecordFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, ErrNoRecord
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading the docker record: %w", err)
+	}
+	var r Record
+	if err := json.Unmarshal(b, &r); err != nil {
+		return nil, fmt.Errorf("parsing %s: %w", filepath.Join(dir, RecordFile), err)
+	}
+	if r.Schema > Schema {
+		return nil, fmt.Errorf("%s: schema %d is newer than this moat's %d", filepath.Join(dir, RecordFile), r.Schema, Schema)
+	}
+	return &r, nil
+}
+
+// Save writes r to dir, replacing the old record at once.
+func (r *Record) Save(dir string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, RecordFile+".tmp")
+	if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+		return fmt.Errorf("writing the docker record: %w", err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, RecordFile))
+}

@@ -1,0 +1,363 @@
+package dockerrt
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/network"
+
+	"moat.dev/moat/internal/guestspec"
+)
+
+// Options describe a sandbox's start.
+type Options struct {
+	Dir       string // the sandbox's state directory (docker.json, gate/, guest/)
+	Moat      string // the static moat binary: the gate's image and /.moat/moat
+	Workspace string // bind-mounted at the same path
+	// Guest is the guest configuration; Up fills in its address, its
+	// nameserver and CA file.
+	Guest *guestspec.Spec
+	// Policy is the tenant's moat.toml-syntax files, lowest layer first
+	// (the user's config, the project's moat.toml); missing ones skipped.
+	Policy []string
+	// Upstream is the resolvers the gate asks; empty: the gate
+	// container's own (Docker's, which forwards to the host's).
+	Upstream []netip.AddrPort
+	// EgressSubnet is the egress network's subnet; invalid: Docker's
+	// choice. Tests set it to a documentation range that the gate does
+	// not refuse, where they serve the positive control.
+	EgressSubnet netip.Prefix
+	// Warn receives what the user should know (a shared kernel, dropped
+	// secrets).
+	Warn io.Writer
+}
+
+// Prepare writes a new sandbox's record: the image resolved to its digest
+// once, and the runtime: runsc when Docker has it registered, else runc.
+func Prepare(ctx context.Context, e *Engine, dir, name, image string) (*Record, error) {
+	id, err := e.ResolveImage(ctx, image)
+	if err != nil {
+		return nil, err
+	}
+	rt := "runc"
+	if ok, err := e.HasRuntime(ctx, "runsc"); err != nil {
+		return nil, err
+	} else if ok {
+		rt = "runsc"
+	}
+	r := &Record{Schema: Schema, Name: name, Image: image, ImageID: id, Runtime: rt}
+	return r, r.Save(dir)
+}
+
+// agentWait bounds the wait for the guest agent after the workload starts.
+const agentWait = 30 * time.Second
+
+// Up starts the sandbox's containers unless both run, and returns its
+// record when the guest agent accepts connections.
+func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
+	r, err := Load(o.Dir)
+	if err != nil {
+		return nil, err
+	}
+	gateUp, _, err := e.running(ctx, r.gateName())
+	if err != nil {
+		return nil, err
+	}
+	workUp, _, err := e.running(ctx, r.workName())
+	if err != nil {
+		return nil, err
+	}
+	if gateUp && workUp {
+		return r, nil
+	}
+	if r.Runtime != "runsc" {
+		fmt.Fprintf(o.Warn, "moat: sandbox %q runs on Docker with runc: the workload shares the host's kernel; register runsc with Docker for gVisor's (see: moat doctor)\n", r.Name)
+	}
+	// Whatever is left of an earlier start goes: the networks are made
+	// again with the subnet free now.
+	if err := Down(ctx, e, o.Dir); err != nil {
+		return nil, err
+	}
+	if err := start(ctx, e, r, o); err != nil {
+		if derr := Down(context.WithoutCancel(ctx), e, o.Dir); derr != nil {
+			err = errors.Join(err, derr)
+		}
+		return nil, err
+	}
+	return r, nil
+}
+
+func start(ctx context.Context, e *Engine, r *Record, o Options) error {
+	used, err := e.usedSubnets(ctx)
+	if err != nil {
+		return err
+	}
+	routes, err := hostRoutes()
+	if err != nil {
+		return err
+	}
+	if r.Subnet, err = PickSubnet(append(used, routes...)); err != nil {
+		return err
+	}
+	r.GateIP, r.WorkloadIP = hostAt(r.Subnet, 2), hostAt(r.Subnet, 3)
+	sum := sha256.Sum256([]byte(r.Name))
+	r.Bridge = "moat" + hex.EncodeToString(sum[:4]) // at most 15 bytes, an interface name's limit
+	if r.GateImage, err = e.GateImage(ctx, o.Moat, "/etc/ssl/certs/ca-certificates.crt"); err != nil {
+		return err
+	}
+	if err := r.Save(o.Dir); err != nil {
+		return err
+	}
+	gdir, err := writeGateDir(r, o)
+	if err != nil {
+		return err
+	}
+	labels := map[string]string{Label: r.Name}
+	no := false
+	if _, err := e.c.NetworkCreate(ctx, r.internalNet(), network.CreateOptions{
+		Driver: "bridge", Internal: true, EnableIPv6: &no, Labels: labels,
+		IPAM: &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: hostAt(r.Subnet, 1).String()}}},
+		Options: map[string]string{"com.docker.network.bridge.name": r.Bridge},
+	}); err != nil {
+		return fmt.Errorf("creating the internal network: %w", err)
+	}
+	egress := network.CreateOptions{Driver: "bridge", EnableIPv6: &no, Labels: labels}
+	if o.EgressSubnet.IsValid() {
+		egress.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: o.EgressSubnet.String()}}}
+	}
+	if _, err := e.c.NetworkCreate(ctx, r.egressNet(), egress); err != nil {
+		return fmt.Errorf("creating the egress network: %w", err)
+	}
+
+	// The gate: root at first, to bind its ports and build its jail
+	// (a mount namespace, pivot_root, its own seccomp filter), which
+	// needs CAP_SYS_ADMIN and no seccomp filter of Docker's in the way;
+	// then it drops to an unprivileged uid with no capabilities.
+	gate, err := e.c.ContainerCreate(ctx, &container.Config{
+		Image: r.GateImage, Cmd: []string{"gate", "serve", "--config", gateConfig}, Labels: labels,
+	}, &container.HostConfig{
+		Binds:       []string{gdir + ":" + gateDir},
+		NetworkMode: container.NetworkMode(r.egressNet()),
+		CapAdd:      []string{"SYS_ADMIN"},
+		SecurityOpt: []string{"seccomp=unconfined", "apparmor=unconfined"},
+	}, nil, nil, r.gateName())
+	if err != nil {
+		return fmt.Errorf("creating the gate container: %w", err)
+	}
+	if err := e.c.NetworkConnect(ctx, r.internalNet(), gate.ID, &network.EndpointSettings{
+		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.GateIP.String()},
+	}); err != nil {
+		return fmt.Errorf("connecting the gate to the internal network: %w", err)
+	}
+	if err := e.c.ContainerStart(ctx, gate.ID, container.StartOptions{}); err != nil {
+		return fmt.Errorf("starting the gate: %w", err)
+	}
+	ca, err := waitGate(ctx, e, r, filepath.Join(gdir, "state", "ca.pem"))
+	if err != nil {
+		return err
+	}
+
+	guestDir := filepath.Join(o.Dir, "guest")
+	if err := writeGuestDir(guestDir, r, o, ca); err != nil {
+		return err
+	}
+	binds := []string{guestDir + ":" + guestspec.Dir + ":ro"}
+	if o.Workspace != "" {
+		binds = append(binds, o.Workspace+":"+o.Workspace)
+	}
+	work, err := e.c.ContainerCreate(ctx, &container.Config{
+		Image: r.ImageID, Entrypoint: []string{guestspec.Binary, "__init"}, Cmd: []string{},
+		Hostname: o.Guest.Hostname, Labels: labels, WorkingDir: "/",
+	}, &container.HostConfig{
+		Binds:       binds,
+		NetworkMode: container.NetworkMode(r.internalNet()),
+		DNS:         []string{r.GateIP.String()},
+		Runtime:     r.Runtime,
+	}, &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+		r.internalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
+	}}, nil, r.workName())
+	if err != nil {
+		return fmt.Errorf("creating the workload container: %w", err)
+	}
+	// The host's INPUT rules go in before the workload can send a packet.
+	if err := guardBridge(r.Bridge, r.Name); err != nil {
+		return err
+	}
+	if err := e.c.ContainerStart(ctx, work.ID, container.StartOptions{}); err != nil {
+		return fmt.Errorf("starting the workload: %w", err)
+	}
+	up, pid, err := e.running(ctx, work.ID)
+	if err != nil || !up {
+		return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.workName(), err)
+	}
+	if r.Runtime != "runsc" {
+		// Under runsc the routes and nat rules are gVisor's own, copied
+		// when the sandbox started; the netns's are not the workload's.
+		if err := isolate(pid, r.Subnet); err != nil {
+			return fmt.Errorf("isolating the workload's network: %w", err)
+		}
+	}
+	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
+}
+
+// waitGate waits for the gate to write its CA certificate, which it does
+// once its listeners are bound, and returns it.
+func waitGate(ctx context.Context, e *Engine, r *Record, caPath string) ([]byte, error) {
+	deadline := time.Now().Add(agentWait)
+	for time.Now().Before(deadline) {
+		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 {
+			return b, nil
+		}
+		if up, _, err := e.running(ctx, r.gateName()); err == nil && !up {
+			return nil, fmt.Errorf("the gate stopped as it started; see its log with: docker logs %s", r.gateName())
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil, fmt.Errorf("the gate wrote no CA certificate within %s; see its log with: docker logs %s", agentWait, r.gateName())
+}
+
+func waitAgent(ctx context.Context, ap netip.AddrPort) error {
+	deadline := time.Now().Add(agentWait)
+	var d net.Dialer
+	for {
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := d.DialContext(dctx, "tcp", ap.String())
+		cancel()
+		if err == nil {
+			c.Close()
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the guest agent did not answer at %s within %s: %w", ap, agentWait, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// writeGateDir writes gate/ in the sandbox's state directory: the
+// service's configuration and the tenant's policy, with the [network]
+// trust files copied beside it (the gate sees nothing else of the host).
+func writeGateDir(r *Record, o Options) (string, error) {
+	dir := filepath.Join(o.Dir, "gate")
+	if err := os.MkdirAll(filepath.Join(dir, "trust"), 0o755); err != nil {
+		return "", err
+	}
+	// Read again as service.uid on reload.
+	os.Chmod(dir, 0o755)
+	files := map[string][]byte{}
+	var order []string
+	for _, p := range o.Policy {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return "", err
+		}
+		files[p], order = b, append(order, p)
+	}
+	n := 0
+	trust := func(p string) (string, error) {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "", fmt.Errorf("[network] trust: %w", err)
+		}
+		n++
+		name := fmt.Sprintf("trust/%d.pem", n)
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			return "", err
+		}
+		return gateDir + "/" + name, nil
+	}
+	pol, dropped, err := PolicyFile(files, order, trust)
+	if err != nil {
+		return "", err
+	}
+	if dropped {
+		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: [secrets] are not handed to the gate yet; requests carry no credentials (docs/docker.md)\n", r.Name)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol, 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
+		return "", err
+	}
+	return dir, nil
+}
+
+// writeGuestDir completes guest/ (which holds the agent's host key) with
+// the guest's configuration, the gate's CA and moat itself.
+func writeGuestDir(dir string, r *Record, o Options, ca []byte) error {
+	g := *o.Guest
+	g.Listen = netip.AddrPortFrom(r.WorkloadIP, 22).String()
+	g.Nameserver = r.GateIP.String()
+	g.CAFile = guestspec.CAFile
+	b, err := json.Marshal(&g)
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(guestspec.File)), b, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, filepath.Base(guestspec.CAFile)), ca, 0o644); err != nil {
+		return err
+	}
+	return copyBinary(o.Moat, filepath.Join(dir, filepath.Base(guestspec.Binary)))
+}
+
+// copyBinary puts moat in the guest directory: a hard link where it can,
+// else a copy (a bind of the file over a read-only bind would need a
+// mount point the runtime cannot create).
+func copyBinary(src, dst string) error {
+	os.Remove(dst)
+	if err := os.Link(src, dst); err == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Down removes the sandbox's containers, networks and host rules. A
+// sandbox with nothing left is not an error.
+func Down(ctx context.Context, e *Engine, dir string) error {
+	r, err := Load(dir)
+	if err != nil {
+		return err
+	}
+	err = e.remove(ctx, r.Name)
+	if r.Bridge != "" {
+		err = errors.Join(err, unguardBridge(r.Bridge, r.Name))
+	}
+	return err
+}
