@@ -21,6 +21,7 @@ import (
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
+	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/sentinel"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
@@ -61,7 +62,7 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 		Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr,
 	})
 	if err != nil {
-		return withCode(ExitRun, err)
+		return withCode(ExitRun, sessionEndedBySuspend(dir, err))
 	}
 	if code != 0 {
 		printRefusals(os.Stderr, dir, start)
@@ -332,7 +333,10 @@ workspace is your own directory and is never touched.`,
 			if err != nil {
 				return err
 			}
-			return e.stop(dir, state.StopUser)
+			if err := e.stop(dir, state.StopUser); err != nil {
+				return err
+			}
+			return discardSuspended(dir)
 		},
 	}
 }
@@ -417,13 +421,18 @@ type listEntry struct {
 	// NoLimits: why the sandbox has no resource limits (moat without
 	// sudo where it cannot write a cgroup: resources.NoLimits).
 	NoLimits string `json:"no_limits,omitempty"`
+	// SuspendImageBytes: the checkpoint image of a suspended sandbox.
+	SuspendImageBytes int64 `json:"suspend_image_bytes,omitempty"`
+
+	dir string // its state directory
 }
 
 func (e *env) entry(r *state.Record) listEntry {
 	dir := e.dirs.Sandbox(r.Name)
 	st, reason := state.Effective(r, dir)
 	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image,
-		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits()}
+		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits(), dir: dir}
+	le.SuspendImageBytes, _ = runtime.ImageSize(dir)
 	if st == state.StateRunning || st == state.StateStarting {
 		le.PID = r.DaemonPID
 		if s, ok := ask(sandboxAt(dir), 2*time.Second, (*control.Client).Status); ok {
@@ -441,6 +450,9 @@ func (e *env) entry(r *state.Record) listEntry {
 }
 
 func stateText(le listEntry) string {
+	if s, ok := suspendedText(le.dir, le.State); ok {
+		return s
+	}
 	if le.StopReason != "" && (le.State == state.StateStopped || le.State == state.StateCrashed) && le.StopReason != state.StopCrash {
 		return fmt.Sprintf("%s (%s)", le.State, le.StopReason)
 	}

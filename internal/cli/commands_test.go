@@ -236,6 +236,8 @@ var sandboxCommands = [][]string{
 	{"exec", "%s", "--", "true"},
 	{"up", "%s"},
 	{"down", "%s"},
+	{"suspend", "%s"},
+	{"resume", "%s"},
 	{"destroy", "%s", "--yes"},
 	{"status", "%s"},
 	{"logs", "%s"},

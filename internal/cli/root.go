@@ -160,7 +160,7 @@ Start here:
 	})
 	root.AddCommand(
 		newRunCmd(), newShellCmd(), newExecCmd(),
-		newUpCmd(), newDownCmd(), newDestroyCmd(),
+		newUpCmd(), newDownCmd(), newDestroyCmd(), newSuspendCmd(), newResumeCmd(),
 		newListCmd(), newStatusCmd(), newLogsCmd(),
 		newImageCmd(), newDoctorCmd(), newVersionCmd(),
 		newNetworkCmd(), newPolicyCmd(), newSecretsCmd(),

@@ -511,7 +511,8 @@ func (e *env) waitRunning(dir string) (again bool, err error) {
 		switch {
 		case r.State == state.StateRunning:
 			return false, nil
-		case r.State == state.StateStopping, r.State == state.StateStopped && r.StopReason != state.StopError:
+		case r.State == state.StateStopping, r.State == state.StateStopped && r.StopReason != state.StopError,
+			r.State == state.StateSuspending, r.State == state.StateSuspended:
 			// A stop is in flight, or done and its daemon exiting
 			// (its clean-up follows the record's last word).
 			if !alive {

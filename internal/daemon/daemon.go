@@ -255,7 +255,7 @@ func (d *daemon) run() error {
 	}
 	d.started = time.Now()
 	if err := d.updateRecord(func(r *state.Record) error {
-		r.State, r.StopReason, r.Error = state.StateStarting, "", ""
+		r.State, r.StopReason, r.Error = d.startState(r), "", "" // suspend.go: boot or restore
 		r.DaemonPID, r.Started = os.Getpid(), d.started
 		return nil
 	}); err != nil {
@@ -616,7 +616,7 @@ func (d *daemon) stopGuest(s *shimConn, graceful bool) error {
 
 func (d *daemon) setStopped(reason string, cause error) error {
 	return d.updateRecord(func(r *state.Record) error {
-		r.State, r.StopReason, r.Stopped, r.DaemonPID = state.StateStopped, reason, time.Now(), 0
+		r.State, r.StopReason, r.Stopped, r.DaemonPID = stoppedState(reason), reason, time.Now(), 0
 		r.Error = ""
 		if cause != nil {
 			r.Error = cause.Error()
@@ -663,6 +663,7 @@ func (d *daemon) listenControl() (net.Listener, *http.Server, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/status", d.handleStatus)
 	mux.HandleFunc("POST /v1/stop", d.handleStop)
+	mux.HandleFunc("POST /v1/suspend", d.handleSuspend)
 	mux.HandleFunc("GET /v1/ssh", d.handleSSH)
 	mux.HandleFunc("GET /v1/network/rules", d.handleRules)
 	mux.HandleFunc("POST /v1/network/rules", d.handleChangeRules)

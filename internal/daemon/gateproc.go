@@ -171,7 +171,7 @@ func (d *daemon) runGate() error {
 	// The guest is up and runsc has sized it: the keeper's OOM guard may
 	// raise the cgroup's hard limit above the ceiling (resources.go).
 	l.call(ctx, "up", nil, nil)
-	if err := d.hooks(ctx); err != nil {
+	if err := d.runSetUp(ctx); err != nil { // suspend.go: none on a resume
 		return err
 	}
 	if err := d.updateRecord(func(r *state.Record) error { r.State = state.StateRunning; return nil }); err != nil {

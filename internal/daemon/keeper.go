@@ -409,6 +409,8 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		}
 		d.requestStop(r.Reason, cause)
 		return nil, nil, nil
+	case "suspend":
+		return d.serveSuspend(body)
 	case "host":
 		return d.hostStatus(), nil, nil
 	case "addrs":

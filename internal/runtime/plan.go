@@ -83,6 +83,10 @@ type Plan struct {
 	// Disk: PrepareDisk made the image, and the shim mounts it on
 	// StateDir/disk to hold upper/, work/ and root/.
 	Disk bool `json:"disk,omitempty"`
+	// Restore is a checkpoint image (SuspendDir) the shim brings the
+	// guest back from, with `runsc restore`, instead of booting it; ""
+	// boots it (suspend_linux.go).
+	Restore string `json:"restore,omitempty"`
 	// Rootless: the shim runs as root of a user namespace an ordinary
 	// user made (internal/userns), not as the host's root. Overlays then
 	// need userxattr, and what the shim and runsc leave in the state dir

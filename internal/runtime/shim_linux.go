@@ -111,7 +111,9 @@ func Shim(planPath string) error {
 	if n, err := unix.Read(ShimFD, word); n != 1 || word[0] != ShimGo {
 		return fmt.Errorf("the daemon did not start the guest (%v)", err)
 	}
-	unix.Close(ShimFD)
+	// The socket stays open for the daemon's later words (ShimSuspend),
+	// but no runsc process may inherit it.
+	unix.CloseOnExec(ShimFD)
 	return superviseRunsc(p, bundle)
 }
 
@@ -135,26 +137,54 @@ func superviseRunsc(p *Plan, bundle string) error {
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
 	pidFile := filepath.Join(bundle, "sandbox.pid")
-	run := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "run", "--detach", "--pid-file="+pidFile, "--bundle="+bundle, p.ID)...)
+	verb := "run"
+	args := []string{"run", "--detach", "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
+	if p.Restore != "" {
+		verb = "restore"
+		args = restoreArgs(p, pidFile, bundle)
+	}
+	run := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), args...)...)
 	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
 	if err := run.Run(); err != nil {
-		return fmt.Errorf("runsc run: %w", err)
+		return fmt.Errorf("runsc %s: %w", verb, err)
+	}
+	if p.Restore != "" {
+		restored(p)
 	}
 	b, err := os.ReadFile(pidFile)
 	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || sandbox <= 0 {
 		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
 	}
+	words := readWords()
+	checkpointed := false
 	for {
 		if ws, exited := reap(sandbox); exited {
+			if checkpointed {
+				// The daemon ends the shim as for a stop, once it has
+				// recorded the suspend.
+				waitRelease(sigs, words)
+				return nil
+			}
 			return sandboxExit(ws)
 		}
-		switch <-sigs {
-		case syscall.SIGTERM, syscall.SIGINT:
-			kill := exec.Command(p.Runsc, append(p.runscArgs(false), "kill", p.ID, "TERM")...)
-			kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
-			kill.Run()
-			time.AfterFunc(StopGrace, func() { unix.Kill(-1, unix.SIGKILL) })
+		select {
+		case sig := <-sigs:
+			switch sig {
+			case syscall.SIGTERM, syscall.SIGINT:
+				kill := exec.Command(p.Runsc, append(p.runscArgs(false), "kill", p.ID, "TERM")...)
+				kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
+				kill.Run()
+				time.AfterFunc(StopGrace, func() { unix.Kill(-1, unix.SIGKILL) })
+			}
+		case w, ok := <-words:
+			if !ok {
+				words = nil // the daemon closed its end: it stops us by signal
+				continue
+			}
+			// Run here, not in a goroutine: reap must not take the
+			// checkpoint's runsc from its Wait.
+			checkpointed = answerWord(p, w, env) || checkpointed
 		}
 	}
 }

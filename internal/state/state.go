@@ -78,6 +78,13 @@ const (
 	StateStopping = "stopping"
 	StateStopped  = "stopped"
 	StateCrashed  = "crashed" // never written: derived when the record says running but no daemon holds the lock
+	// A suspended sandbox's guest is saved, memory and all, in its
+	// checkpoint image (runtime.SuspendDir) and nothing of it runs; its
+	// next start restores it. Suspending is the daemon ending sessions
+	// and writing that image; resuming, its start from one.
+	StateSuspending = "suspending"
+	StateSuspended  = "suspended"
+	StateResuming   = "resuming"
 )
 
 // Stop reasons, persisted: frozen.
@@ -87,6 +94,8 @@ const (
 	StopCrash = "crash"
 	StopHost  = "host"
 	StopError = "error"
+	// StopSuspend: stopped by `moat suspend`, with the guest saved.
+	StopSuspend = "suspend"
 )
 
 // RecordSchema is the version of record.json. Bump it only with a migration.
@@ -332,7 +341,7 @@ func DaemonAlive(dir string) bool {
 // starting, running or stopping while no daemon is alive is crashed.
 func Effective(r *Record, dir string) (state, reason string) {
 	switch r.State {
-	case StateStarting, StateRunning, StateStopping:
+	case StateStarting, StateRunning, StateStopping, StateSuspending, StateResuming:
 		if !DaemonAlive(dir) {
 			return StateCrashed, StopCrash
 		}

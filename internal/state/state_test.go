@@ -56,6 +56,11 @@ func TestEffectiveCrashedWithoutDaemon(t *testing.T) {
 		{StateStarting, StateCrashed, StopCrash, false},
 		{StateRunning, StateRunning, "", true},
 		{StateStopped, StateStopped, StopUser, false},
+		// A suspend or resume whose daemon died is a crash too; a
+		// suspended sandbox has no daemon by definition.
+		{StateSuspending, StateCrashed, StopCrash, false},
+		{StateResuming, StateCrashed, StopCrash, false},
+		{StateSuspended, StateSuspended, "", false},
 	}
 	for _, tc := range tests {
 		var release func()

@@ -1,0 +1,213 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/disk"
+	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/session"
+	"moat.dev/moat/internal/state"
+)
+
+// suspendWait bounds `moat suspend`: the checkpoint (the daemon bounds it
+// at 10 minutes), then the daemon's stop.
+const suspendWait = 12 * time.Minute
+
+// suspendResult is `moat suspend --json`'s object. Fields are only added.
+type suspendResult struct {
+	Schema        int    `json:"schema"`
+	Name          string `json:"name"`
+	State         string `json:"state"`
+	ImageBytes    int64  `json:"image_bytes"`
+	SessionsEnded int    `json:"sessions_ended"`
+}
+
+func newSuspendCmd() *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "suspend [NAME]",
+		Short: "Save a running sandbox, processes and memory included, and stop it",
+		Long: `Save the running guest of a sandbox (NAME, else the current directory's),
+its processes, their memory and open files, into its state directory, and stop
+it. The next moat resume, run, exec or shell brings it back as it was, without
+running on_up again. Sessions attached now are ended first (their commands get
+SIGHUP); connections to the outside are reset on resume. moat list shows the
+sandbox as suspended with the size of its image.`,
+		Example: `  moat suspend
+  moat suspend api --json`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.resolve(args)
+			if err != nil {
+				return err
+			}
+			s := sandboxAt(dir)
+			if !s.alive() {
+				if st, _ := state.Effective(rec, dir); st == state.StateSuspended {
+					fmt.Fprintf(os.Stderr, "moat: sandbox %q is suspended already\n", rec.Name)
+					return printSuspended(c, asJSON, dir, rec.Name, 0)
+				}
+				return codef(ExitUsage, "sandbox %q is not running; nothing to suspend (start it with: moat up %s)", rec.Name, rec.Name)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), suspendWait)
+			defer cancel()
+			a, err := s.client().Suspend(ctx)
+			var he *control.HTTPError
+			if errors.As(err, &he) {
+				return fromDaemon(err)
+			}
+			// Any other error may be the daemon stopping as it answers:
+			// the record says whether the guest was saved.
+			if err := waitGone(s, time.Minute); err != nil {
+				return err
+			}
+			rec, lerr := state.Load(dir)
+			if lerr != nil {
+				return lerr
+			}
+			if rec.State != state.StateSuspended {
+				if err == nil {
+					err = errors.New(rec.Error)
+				}
+				return fmt.Errorf("sandbox %q was not suspended (%s: %v); see: moat logs %s", rec.Name, rec.State, err, rec.Name)
+			}
+			ended := 0
+			if a != nil {
+				ended = a.Sessions
+			}
+			if err := state.Update(dir, func(r *state.Record) error { r.Desired = "stopped"; return nil }); err != nil {
+				return err
+			}
+			if ended > 0 {
+				fmt.Fprintf(os.Stderr, "moat: ended %d attached session(s) first\n", ended)
+			}
+			size, _ := runtime.ImageSize(dir)
+			fmt.Fprintf(os.Stderr, "moat: suspended %s (image %s); resume with: moat resume %s\n", rec.Name, disk.FormatBytes(uint64(size)), rec.Name)
+			return printSuspended(c, asJSON, dir, rec.Name, ended)
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printSuspended(c *cobra.Command, asJSON bool, dir, name string, ended int) error {
+	if !asJSON {
+		return nil
+	}
+	size, _ := runtime.ImageSize(dir)
+	return json.NewEncoder(c.OutOrStdout()).Encode(suspendResult{Schema: 1, Name: name, State: state.StateSuspended,
+		ImageBytes: size, SessionsEnded: ended})
+}
+
+// waitGone waits for the daemon to exit, up to d.
+func waitGone(s sandbox, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for s.alive() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the daemon of %q did not stop within %v; see: moat logs %s", s.name, d, s.name)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil
+}
+
+func newResumeCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "resume [NAME]",
+		Short: "Bring a suspended sandbox back as it was",
+		Long: `Restore a sandbox (NAME, else the current directory's) that moat suspend saved:
+its processes, their memory and open files come back; on_up does not run
+again; forwards come back; connections the guest had to the outside are reset.
+moat run, exec and shell resume a suspended sandbox too.`,
+		Example: `  moat resume
+  moat resume api`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(c *cobra.Command, args []string) error {
+			e, err := newEnv()
+			if err != nil {
+				return err
+			}
+			dir, rec, err := e.resolve(args)
+			if err != nil {
+				return err
+			}
+			st, _ := state.Effective(rec, dir)
+			switch rec.State {
+			case state.StateSuspended, state.StateSuspending, state.StateResuming:
+				// A suspend or a resume cut short resumes too, when its
+				// image is whole (the daemon decides).
+			default:
+				if st == state.StateRunning {
+					fmt.Fprintf(os.Stderr, "moat: sandbox %q is running\n", rec.Name)
+					return nil
+				}
+				return codef(ExitUsage, "sandbox %q is %s, not suspended; start it with: moat up %s", rec.Name, st, rec.Name)
+			}
+			if err := e.start(dir); err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "moat: resumed %s\n", rec.Name)
+			return nil
+		},
+	}
+}
+
+// suspendedText is `moat list`'s state for a suspended sandbox: with the
+// size of its image on disk.
+func suspendedText(dir, st string) (string, bool) {
+	if st != state.StateSuspended {
+		return "", false
+	}
+	size, ok := runtime.ImageSize(dir)
+	if !ok {
+		return st + " (no image)", true
+	}
+	return fmt.Sprintf("%s (%s)", st, disk.FormatBytes(uint64(size))), true
+}
+
+// sessionEndedBySuspend is the hint for a session whose connection was
+// lost: when its sandbox is being suspended, that is why.
+func sessionEndedBySuspend(dir string, err error) error {
+	if !errors.Is(err, session.ErrConnectionLost) {
+		return err
+	}
+	r, lerr := state.Load(dir)
+	if lerr != nil {
+		return err
+	}
+	switch r.State {
+	case state.StateSuspending, state.StateSuspended:
+		return fmt.Errorf("the session ended: sandbox %q was suspended; resume it with: moat resume %s", r.Name, r.Name)
+	}
+	return err
+}
+
+// discardSuspended makes a suspended sandbox that `moat down` stops a
+// stopped one: its image goes, and the next start boots afresh.
+func discardSuspended(dir string) error {
+	r, err := state.Load(dir)
+	if err != nil || r.State != state.StateSuspended || state.DaemonAlive(dir) {
+		return err
+	}
+	if err := runtime.RemoveImage(dir); err != nil {
+		return fmt.Errorf("removing the suspended image: %w", err)
+	}
+	return state.Update(dir, func(r *state.Record) error {
+		if r.State == state.StateSuspended {
+			r.State, r.StopReason = state.StateStopped, state.StopUser
+		}
+		return nil
+	})
+}

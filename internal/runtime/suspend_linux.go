@@ -1,0 +1,222 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+)
+
+// Suspend and resume: the guest, its memory and its open files, saved
+// with `runsc checkpoint` and brought back with `runsc restore`.
+//
+// The daemon asks for a checkpoint on the shim's socket (ShimSuspend,
+// after ShimGo), and the shim answers there: runsc's state and the
+// guest's namespaces are the shim's, so only it can run runsc for them.
+// The image is written beside the final one and renamed into place only
+// once runsc has written all of it, so an image in SuspendDir is whole:
+// a failed or killed checkpoint leaves none that could be taken for one.
+
+// ShimSuspend is the daemon's word, once the guest runs, to checkpoint
+// it into SuspendDir. runsc stops the guest once it is saved; the shim
+// then waits, as for a stop, for the daemon's SIGTERM.
+const ShimSuspend = 's'
+
+// The shim's answers to ShimSuspend: ShimSuspended, or an error's text
+// after "error: ".
+const ShimSuspended = "ok"
+
+// SuspendDir holds a suspended sandbox's checkpoint image. On disk:
+// frozen.
+func SuspendDir(stateDir string) string { return filepath.Join(stateDir, "suspend") }
+
+// suspendTemp is where a checkpoint is written before it is whole.
+func suspendTemp(stateDir string) string { return filepath.Join(stateDir, "suspend.new") }
+
+// checkpointState is the one file every runsc image has (gVisor's
+// checkpointfiles.StateFileName); the others (pages) are optional.
+const checkpointState = "checkpoint.img"
+
+// ImageSize is the size in bytes of the sandbox's checkpoint image, and
+// whether it has one.
+func ImageSize(stateDir string) (int64, bool) {
+	dir := SuspendDir(stateDir)
+	if _, err := os.Stat(filepath.Join(dir, checkpointState)); err != nil {
+		return 0, false
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, false
+	}
+	var n int64
+	for _, e := range ents {
+		if fi, err := e.Info(); err == nil && fi.Mode().IsRegular() {
+			n += fi.Size()
+		}
+	}
+	return n, true
+}
+
+// RemoveImage deletes the sandbox's checkpoint image and any half-written
+// one.
+func RemoveImage(stateDir string) error {
+	os.RemoveAll(suspendTemp(stateDir))
+	return os.RemoveAll(SuspendDir(stateDir))
+}
+
+// restoreArgs are runsc's arguments that bring the guest back from
+// p.Restore, detached like `runsc run --detach`. Without --background:
+// the image is deleted once the guest runs (restored), so every page
+// must have been read by then.
+func restoreArgs(p *Plan, pidFile, bundle string) []string {
+	return []string{"restore", "--detach", "--image-path=" + p.Restore, "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
+}
+
+// restored deletes the image the guest came back from. Once the guest
+// runs its files change, and the image's memory no longer matches them:
+// restoring it a second time would give the guest's processes a
+// filesystem that moved under them. The image is kept only until the
+// next suspend makes a new one.
+func restored(p *Plan) {
+	if err := RemoveImage(p.StateDir); err != nil {
+		fmt.Fprintf(os.Stderr, "moat shim: removing the restored image: %v\n", err)
+	}
+}
+
+// readWords delivers the daemon's words on ShimFD, one byte each, until
+// it closes its end.
+func readWords() <-chan byte {
+	words := make(chan byte)
+	go func() {
+		defer close(words)
+		b := make([]byte, 16)
+		for {
+			n, err := unix.Read(ShimFD, b)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if n < 1 || err != nil {
+				return
+			}
+			words <- b[0]
+		}
+	}()
+	return words
+}
+
+// answerWord acts on one of the daemon's words and answers it; it
+// reports whether the guest has been checkpointed (and is stopping).
+func answerWord(p *Plan, w byte, env []string) bool {
+	if w != ShimSuspend {
+		unix.Write(ShimFD, []byte(fmt.Sprintf("error: unknown word %q", w)))
+		return false
+	}
+	err := p.checkpoint(env)
+	answer := ShimSuspended
+	if err != nil {
+		answer = "error: " + err.Error()
+	}
+	unix.Write(ShimFD, []byte(answer))
+	return err == nil
+}
+
+// checkpoint saves the guest with `runsc checkpoint` into suspendTemp,
+// readable by root only, and moves it to SuspendDir once it is whole and
+// on disk.
+func (p *Plan) checkpoint(env []string) error {
+	tmp := suspendTemp(p.StateDir)
+	os.RemoveAll(tmp)
+	if err := os.Mkdir(tmp, 0o700); err != nil {
+		return fmt.Errorf("creating %s: %w", tmp, err)
+	}
+	// runsc creates the image's files 0644; the directory keeps others
+	// out, and the umask and the chmod below make the files 0600 too:
+	// the image holds the guest's memory, its keys and tokens included.
+	old := unix.Umask(0o077)
+	cmd := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "checkpoint", "--image-path="+tmp, p.ID)...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr, cmd.Env = os.Stdout, &out, env
+	err := cmd.Run()
+	unix.Umask(old)
+	if out.Len() > 0 {
+		os.Stderr.WriteString(out.String())
+	}
+	if err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("runsc checkpoint: %v: %s", err, lastLine(out.String()))
+	}
+	if err := syncImage(tmp); err != nil {
+		os.RemoveAll(tmp)
+		return err
+	}
+	dst := SuspendDir(p.StateDir)
+	os.RemoveAll(dst)
+	if err := os.Rename(tmp, dst); err != nil {
+		os.RemoveAll(tmp)
+		return fmt.Errorf("moving the image into place: %w", err)
+	}
+	return syncDir(p.StateDir)
+}
+
+// syncImage makes the image's files 0600 and flushes them to disk: runsc
+// does not, and a host that crashed before the page cache is written
+// would otherwise leave a renamed image of zeroes.
+func syncImage(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("reading the image: %w", err)
+	}
+	for _, e := range ents {
+		f, err := os.OpenFile(filepath.Join(dir, e.Name()), os.O_RDONLY, 0)
+		if err != nil {
+			return fmt.Errorf("flushing the image: %w", err)
+		}
+		err = f.Chmod(0o600)
+		if err == nil {
+			err = f.Sync()
+		}
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("flushing the image: %w", err)
+		}
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// lastLine is runsc's last line of output, which says why it failed.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return strings.TrimSpace(lines[len(lines)-1])
+}
+
+// waitRelease waits, once the guest has been checkpointed and has
+// exited, for the daemon to end the shim: a SIGTERM, or its end of the
+// socket closing.
+func waitRelease(sigs <-chan os.Signal, words <-chan byte) {
+	for {
+		select {
+		case sig := <-sigs:
+			if sig == syscall.SIGTERM || sig == syscall.SIGINT {
+				return
+			}
+		case _, ok := <-words:
+			if !ok {
+				return
+			}
+		}
+	}
+}
