@@ -84,7 +84,7 @@ func sessionDir(ws string) string {
 }
 
 func newRunCmd() *cobra.Command {
-	var name string
+	var name, runtime string
 	var trust bool
 	c := &cobra.Command{
 		Use:   "run [--name N] [PRESET] [-- command or arguments...]",
@@ -113,7 +113,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 			if err != nil {
 				return err
 			}
-			e.trustProject = trust
+			e.trustProject, e.runtime = trust, runtime
 			dir, rec, err := e.forCwd(name)
 			if err != nil {
 				return err
@@ -137,6 +137,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 	}
 	c.Flags().StringVar(&name, "name", "", "sandbox name (default: from moat.toml or the directory)")
 	c.Flags().BoolVar(&trust, "trust-project", false, "accept the secrets and trusted roots the project's moat.toml asks for (asked on a terminal otherwise)")
+	c.Flags().StringVar(&runtime, "runtime", "", runtimeFlagHelp)
 	return c
 }
 
@@ -369,6 +370,11 @@ terminal moat asks first; elsewhere --yes is required.`,
 				fmt.Scanln(&answer)
 				if a := strings.ToLower(answer); a != "y" && a != "yes" {
 					return errors.New("not destroyed")
+				}
+			}
+			if rec.Runtime == runtimeDocker {
+				if err := dockerDown(dir); err != nil {
+					return fmt.Errorf("not destroyed: %w", err)
 				}
 			}
 			if err := e.stop(dir, state.StopUser); err != nil {

@@ -91,6 +91,7 @@ Exits 4 when something is missing.`,
 					fmt.Fprintln(c.OutOrStdout(), "     fix:", ch.fix)
 				}
 			}
+			dockerNotes(c.OutOrStdout(), runsc)
 			if rootless() {
 				// What a sandbox lacks without root: never a failure.
 				for _, n := range rootlessNotes() {

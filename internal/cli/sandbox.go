@@ -37,6 +37,8 @@ type env struct {
 	// trustProject accepts what a project file asks for beyond the
 	// sandbox (secrets, trusted roots) without asking: --trust-project.
 	trustProject bool
+	// runtime is --runtime: a new sandbox's runtime ("": the config's).
+	runtime string
 }
 
 // needRoot explains why moat without sudo cannot run here (cause: what
@@ -200,7 +202,11 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	if r, err := state.Load(e.dirs.Sandbox(name)); err == nil {
 		return "", nil, codef(ExitUsage, "the name %q is taken by the sandbox of %s; choose another with --name, or remove it with: moat destroy %s", name, r.Workspace, name)
 	}
-	if cfg.Sandbox.Image != "" && cfg.Sandbox.Image != "host" {
+	rt, err := sandboxRuntime(e.runtime, cfg)
+	if err != nil {
+		return "", nil, err
+	}
+	if rt != runtimeDocker && cfg.Sandbox.Image != "" && cfg.Sandbox.Image != "host" {
 		store, err := e.images()
 		if err != nil {
 			return "", nil, err
@@ -215,7 +221,7 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	}
 	uid, gid := guestIDs(ws)
 	rec := &state.Record{
-		Name: name, Workspace: ws, Image: imageName(cfg.Sandbox.Image), Runtime: "gvisor",
+		Name: name, Workspace: ws, Image: imageName(cfg.Sandbox.Image), Runtime: rt,
 		Desired: "stopped", State: state.StateCreated, Created: time.Now().UTC(),
 		GuestUID: uid, GuestGID: gid, Config: snap,
 	}
@@ -231,6 +237,12 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	}
 	if err := keys.Ensure(dir); err != nil {
 		return "", nil, err
+	}
+	if rt == runtimeDocker {
+		if err := dockerPrepare(dir, name, cfg.Sandbox.Image); err != nil {
+			e.removeAll(dir)
+			return "", nil, err
+		}
 	}
 	fmt.Fprintf(os.Stderr, "moat: created sandbox %q for %s (image %s)\n", name, ws, rec.Image)
 	return dir, rec, nil

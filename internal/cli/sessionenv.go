@@ -112,6 +112,9 @@ func idleTimeout(s config.Sandbox) time.Duration {
 // to finish and starts the sandbox again: it gets a started sandbox, never
 // an error.
 func (e *env) connect(ctx context.Context, dir string) (*ssh.Client, error) {
+	if rec, err := state.Load(dir); err == nil && rec.Runtime == runtimeDocker {
+		return e.dockerConnect(ctx, dir, rec)
+	}
 	s := sandboxAt(dir)
 	for attempt := 0; ; attempt++ {
 		c, err := e.startSession(dir, true)

@@ -19,6 +19,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
+	"github.com/docker/docker/pkg/stdcopy"
 )
 
 // ErrUnreachable matches an error about reaching the Docker engine.
@@ -111,7 +112,12 @@ func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, 
 		_, err := tw.Write(data)
 		return err
 	}
-	dockerfile := "FROM scratch\nCOPY moat /moat\n"
+	// /tmp: the jail (internal/lockdown) mounts its new root on an
+	// empty directory of the old one.
+	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
+		return "", err
+	}
+	dockerfile := "FROM scratch\nCOPY moat /moat\nCOPY tmp /tmp\n"
 	if ca, err := os.ReadFile(caBundle); err == nil {
 		if err := add("ca-certificates.crt", 0o644, ca); err != nil {
 			return "", err
@@ -162,6 +168,18 @@ func buildError(r io.Reader) error {
 			return errors.New(m.Error)
 		}
 	}
+}
+
+// logs is the container's output, at most its last lines.
+func (e *Engine) logs(ctx context.Context, id string, lines int) string {
+	rc, err := e.c.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(lines)})
+	if err != nil {
+		return ""
+	}
+	defer rc.Close()
+	var out, errb bytes.Buffer
+	stdcopy.StdCopy(&out, &errb, io.LimitReader(rc, 1<<20))
+	return out.String() + errb.String()
 }
 
 // usedSubnets are the IPv4 subnets of Docker's networks.

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -211,16 +212,20 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 }
 
-// waitGate waits for the gate to write its CA certificate, which it does
-// once its listeners are bound, and returns it.
+// gateServing is what the gate service logs once it is jailed and its
+// listeners serve (internal/gateserve's runJailed).
+const gateServing = "gate service jailed and serving"
+
+// waitGate waits for the gate to serve, jailed, and returns the CA
+// certificate it wrote, for the workload to trust.
 func waitGate(ctx context.Context, e *Engine, r *Record, caPath string) ([]byte, error) {
 	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 {
+		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 && strings.Contains(e.logs(ctx, r.gateName(), 50), gateServing) {
 			return b, nil
 		}
 		if up, _, err := e.running(ctx, r.gateName()); err == nil && !up {
-			return nil, fmt.Errorf("the gate stopped as it started; see its log with: docker logs %s", r.gateName())
+			return nil, fmt.Errorf("the gate stopped as it started: %s(see: docker logs %s)", e.logs(ctx, r.gateName(), 5), r.gateName())
 		}
 		select {
 		case <-ctx.Done():

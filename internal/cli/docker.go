@@ -1,0 +1,189 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/dockerrt"
+	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/session"
+	"moat.dev/moat/internal/state"
+)
+
+// runtimeDocker is [sandbox] runtime = "docker" and --runtime docker: the
+// sandbox as containers through the Docker engine (internal/dockerrt).
+const runtimeDocker = "docker"
+
+// dockerEgressEnv names the egress network's subnet (a test serves its
+// positive control there); unset: Docker chooses.
+const dockerEgressEnv = "MOAT_DOCKER_EGRESS_SUBNET"
+
+// sandboxRuntime is the runtime a new sandbox gets: the flag, else the
+// configuration, else gVisor.
+func sandboxRuntime(flag string, cfg config.Config) (string, error) {
+	rt := cfg.Sandbox.Runtime
+	if flag != "" {
+		rt = flag
+	}
+	switch rt {
+	case "", "gvisor":
+		return "gvisor", nil
+	case runtimeDocker:
+		return rt, nil
+	}
+	return "", codef(ExitUsage, "--runtime %q: write gvisor (moat's own sandbox) or docker (containers through the Docker engine)", flag)
+}
+
+// dockerPrepare records a new Docker sandbox's image digest and runtime.
+func dockerPrepare(dir, name, image string) error {
+	if image == "" || image == "host" {
+		return codef(ExitUsage, "runtime docker needs an image from Docker's store: set [sandbox] image in moat.toml (e.g. image = \"debian:bookworm\", imported or built locally)")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	eng, err := dockerrt.Connect(ctx)
+	if err != nil {
+		return withCode(ExitHost, err)
+	}
+	defer eng.Close()
+	_, err = dockerrt.Prepare(ctx, eng, dir, name, image)
+	if err != nil {
+		return withCode(ExitNotFound, err)
+	}
+	return nil
+}
+
+// dockerConnect starts the Docker sandbox at dir unless it runs, and
+// connects to its guest agent over the internal bridge.
+func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) (*ssh.Client, error) {
+	eng, err := dockerrt.Connect(ctx)
+	if err != nil {
+		return nil, withCode(ExitHost, err)
+	}
+	defer eng.Close()
+	g, err := dockerGuest(dir, rec)
+	if err != nil {
+		return nil, err
+	}
+	upstream, err := upstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
+	if err != nil {
+		return nil, withCode(ExitUsage, err)
+	}
+	var egress netip.Prefix
+	if v := os.Getenv(dockerEgressEnv); v != "" {
+		if egress, err = netip.ParsePrefix(v); err != nil {
+			return nil, codef(ExitUsage, "%s=%q: write a subnet, e.g. 198.51.100.0/24", dockerEgressEnv, v)
+		}
+	}
+	r, err := dockerrt.Up(ctx, eng, dockerrt.Options{
+		Dir: dir, Moat: e.exe, Workspace: rec.Workspace, Guest: g,
+		Policy:   []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")},
+		Upstream: upstream, EgressSubnet: egress, Warn: os.Stderr,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err)
+	}
+	signer, err := keys.Client(dir)
+	if err != nil {
+		return nil, err
+	}
+	hostKey, err := keys.HostPublic(dir)
+	if err != nil {
+		return nil, err
+	}
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := d.DialContext(dctx, "tcp", netip.AddrPortFrom(r.WorkloadIP, 22).String())
+	if err != nil {
+		return nil, fmt.Errorf("connecting to the guest agent of %q: %w", rec.Name, err)
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	cc, chans, reqs, err := ssh.NewClientConn(conn, "guest", session.ClientConfig(signer, hostKey))
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("connecting to the guest agent of %q: %w", rec.Name, err)
+	}
+	conn.SetDeadline(time.Time{})
+	return ssh.NewClient(cc, chans, reqs), nil
+}
+
+// dockerGuest is the guest configuration of a Docker sandbox: the same
+// user and environment as a gVisor sandbox's (daemonmain.go); dockerrt
+// adds the addresses and the CA.
+func dockerGuest(dir string, rec *state.Record) (*guestspec.Spec, error) {
+	if err := keys.Ensure(dir); err != nil {
+		return nil, err
+	}
+	client, err := keys.Client(dir)
+	if err != nil {
+		return nil, err
+	}
+	user, home := guestUser(rec.GuestUID)
+	env := []string{"HOME=" + home, "USER=" + user, "LOGNAME=" + user, "LANG=C.UTF-8",
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+	return &guestspec.Spec{
+		Schema: guestspec.Schema, Hostname: rec.Name, User: user, UID: rec.GuestUID, GID: rec.GuestGID,
+		Home: home, Workspace: rec.Workspace,
+		AuthorizedKey: string(ssh.MarshalAuthorizedKey(client.PublicKey())),
+		HostKey:       guestspec.Dir + "/host_key", Env: env,
+	}, nil
+}
+
+// dockerDown removes a Docker sandbox's containers and networks.
+func dockerDown(dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	eng, err := dockerrt.Connect(ctx)
+	if err != nil {
+		return withCode(ExitHost, err)
+	}
+	defer eng.Close()
+	err = dockerrt.Down(ctx, eng, dir)
+	if errors.Is(err, dockerrt.ErrNoRecord) {
+		return nil // made before its image was recorded: nothing in Docker
+	}
+	return err
+}
+
+// dockerNotes are doctor's lines about Docker: never failures, since
+// only runtime = "docker" needs it.
+func dockerNotes(w io.Writer, runsc string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eng, err := dockerrt.Connect(ctx)
+	if err != nil {
+		fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): %v\n", err)
+		return
+	}
+	defer eng.Close()
+	v, api, _ := eng.Version(ctx)
+	fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): engine %s (API %s) reachable\n", v, api)
+	ok, err := eng.HasRuntime(ctx, "runsc")
+	switch {
+	case err != nil:
+		fmt.Fprintf(w, "note Docker runtimes: %v\n", err)
+	case ok:
+		fmt.Fprintln(w, "note Docker runtime runsc: registered; Docker sandboxes run on gVisor")
+	default:
+		abs, _ := filepath.Abs(runsc)
+		fmt.Fprintf(w, "note Docker runtime runsc: not registered; Docker sandboxes run on runc and share the host's kernel. Register the runsc moat builds with:\n"+
+			"       sudo %s install --runtime=runsc && sudo systemctl restart docker\n"+
+			"     (runsc install adds {\"runtimes\": {\"runsc\": {\"path\": %q}}} to /etc/docker/daemon.json)\n", abs, abs)
+	}
+}
+
+// runtimeFlagHelp is --runtime's help.
+var runtimeFlagHelp = "runtime of a new sandbox: " + strings.Join([]string{"gvisor", runtimeDocker}, " or ") + " (default: [sandbox] runtime, else gvisor)"
