@@ -201,7 +201,7 @@ func discardSuspended(dir string) error {
 	if err != nil || r.State != state.StateSuspended || state.DaemonAlive(dir) {
 		return err
 	}
-	if err := runtime.RemoveImage(dir); err != nil {
+	if err := runtime.RemoveSaved(dir); err != nil {
 		return fmt.Errorf("removing the suspended image: %w", err)
 	}
 	return state.Update(dir, func(r *state.Record) error {

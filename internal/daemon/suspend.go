@@ -54,15 +54,18 @@ type suspendSaved struct {
 func (d *daemon) startState(r *state.Record) string {
 	switch r.State {
 	case state.StateSuspended, state.StateSuspending, state.StateResuming:
-		if _, ok := runtime.ImageSize(d.o.Dir); ok {
+		_, whole := runtime.ImageSize(d.o.Dir)
+		bin := runtime.GuestBinary(d.o.Dir)
+		if _, err := os.Stat(bin); whole && err == nil {
 			d.o.Plan.Restore = runtime.SuspendDir(d.o.Dir)
+			d.o.Plan.Moat = bin
 			d.log.Info("resuming from the checkpoint image", "image", d.o.Plan.Restore)
 			return state.StateResuming
 		}
 		d.log.Warn("the sandbox was suspended but has no whole image; starting it afresh")
 	}
 	d.o.Plan.Restore = ""
-	if err := runtime.RemoveImage(d.o.Dir); err != nil {
+	if err := runtime.RemoveSaved(d.o.Dir); err != nil {
 		d.log.Warn("removing a stale checkpoint image", "err", err)
 	}
 	return state.StateStarting

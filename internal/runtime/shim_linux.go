@@ -114,6 +114,7 @@ func Shim(planPath string) error {
 	// The socket stays open for the daemon's later words (ShimSuspend),
 	// but no runsc process may inherit it.
 	unix.CloseOnExec(ShimFD)
+	p.noteGuestBinary() // suspend_linux.go
 	return superviseRunsc(p, bundle)
 }
 
@@ -145,11 +146,12 @@ func superviseRunsc(p *Plan, bundle string) error {
 	}
 	run := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), args...)...)
 	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
+	t0 := time.Now()
 	if err := run.Run(); err != nil {
 		return fmt.Errorf("runsc %s: %w", verb, err)
 	}
 	if p.Restore != "" {
-		restored(p)
+		restored(p, time.Since(t0))
 	}
 	b, err := os.ReadFile(pidFile)
 	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -69,12 +70,19 @@ func RemoveImage(stateDir string) error {
 	return os.RemoveAll(SuspendDir(stateDir))
 }
 
+// RemoveSaved deletes everything a suspend kept: the image and the
+// guest's binary, which a guest booted afresh no longer maps.
+func RemoveSaved(stateDir string) error {
+	os.Remove(GuestBinary(stateDir))
+	return RemoveImage(stateDir)
+}
+
 // restoreArgs are runsc's arguments that bring the guest back from
 // p.Restore, detached like `runsc run --detach`. Without --background:
 // the image is deleted once the guest runs (restored), so every page
 // must have been read by then.
 func restoreArgs(p *Plan, pidFile, bundle string) []string {
-	return []string{"restore", "--detach", "--image-path=" + p.Restore, "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
+	return []string{"restore", "--detach", "--background", "--image-path=" + p.Restore, "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
 }
 
 // restored deletes the image the guest came back from. Once the guest
@@ -82,7 +90,8 @@ func restoreArgs(p *Plan, pidFile, bundle string) []string {
 // restoring it a second time would give the guest's processes a
 // filesystem that moved under them. The image is kept only until the
 // next suspend makes a new one.
-func restored(p *Plan) {
+func restored(p *Plan, took time.Duration) {
+	fmt.Fprintf(os.Stderr, "moat shim: guest restored in %d ms\n", took.Milliseconds())
 	if err := RemoveImage(p.StateDir); err != nil {
 		fmt.Fprintf(os.Stderr, "moat shim: removing the restored image: %v\n", err)
 	}
@@ -125,10 +134,57 @@ func answerWord(p *Plan, w byte, env []string) bool {
 	return err == nil
 }
 
+// GuestBinary is the copy of moat's binary a suspended guest was saved
+// with, which its restore mounts at /.moat/moat in place of Plan.Moat.
+// The guest's init and agent run from that file and their code pages are
+// read from it again after a restore (gVisor checks no file for change):
+// a moat upgraded between suspend and resume would otherwise hand the
+// restored processes another binary's code, and they crash. On disk:
+// frozen.
+func GuestBinary(stateDir string) string { return filepath.Join(stateDir, "guest-moat") }
+
+// moatAtStart is the identity of Plan.Moat when the shim started, which
+// the guest maps; a checkpoint refuses a binary replaced since.
+var moatAtStart os.FileInfo
+
+// noteGuestBinary records the identity of the binary the guest will map.
+func (p *Plan) noteGuestBinary() { moatAtStart, _ = os.Stat(p.Moat) }
+
+// keepGuestBinary makes GuestBinary the file the guest maps: a hard link
+// to it when it is on the state's filesystem (the same inode, whatever
+// later replaces the path), else a copy.
+func (p *Plan) keepGuestBinary() error {
+	dst := GuestBinary(p.StateDir)
+	if p.Moat == dst {
+		return nil // a resumed guest's: kept already
+	}
+	now, err := os.Stat(p.Moat)
+	if err != nil || moatAtStart == nil || !os.SameFile(now, moatAtStart) ||
+		now.Size() != moatAtStart.Size() || !now.ModTime().Equal(moatAtStart.ModTime()) {
+		return fmt.Errorf("%s changed since this sandbox started, and the guest runs the old one, which cannot be saved; restart the sandbox (moat down, then moat up) and suspend it again", p.Moat)
+	}
+	tmp := dst + ".new"
+	os.Remove(tmp)
+	if err := os.Link(p.Moat, tmp); err != nil {
+		if err := copyFile(p.Moat, tmp, 0o755); err != nil {
+			os.Remove(tmp)
+			return fmt.Errorf("keeping the guest's moat binary: %w", err)
+		}
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("keeping the guest's moat binary: %w", err)
+	}
+	return nil
+}
+
 // checkpoint saves the guest with `runsc checkpoint` into suspendTemp,
 // readable by root only, and moves it to SuspendDir once it is whole and
 // on disk.
 func (p *Plan) checkpoint(env []string) error {
+	if err := p.keepGuestBinary(); err != nil {
+		return err
+	}
 	tmp := suspendTemp(p.StateDir)
 	os.RemoveAll(tmp)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
