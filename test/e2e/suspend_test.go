@@ -1,0 +1,268 @@
+package e2e
+
+// moat suspend and moat resume through the real CLI, daemon and gVisor's
+// checkpoint and restore: processes and their memory come back, on_up
+// does not run again, forwards come back, attached sessions are ended
+// and told why, and nothing of the sandbox runs while it is suspended.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// suspendServer answers each GET with how many it has answered: state
+// that lives in the process's memory only.
+const suspendServer = `import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        b = str(n).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", %d), H).serve_forever()
+`
+
+const suspendGuestPort = 8124
+
+// suspendToml starts the counter and the server from on_up, so a second
+// run of on_up would show: a counter from 0, a server count from 1.
+const suspendToml = `[hooks]
+on_up = [
+  "echo up >> .on-up-marker",
+  "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1",
+  "setsid -f python3 server.py </dev/null >/dev/null 2>&1",
+]
+`
+
+func TestSuspendResume(t *testing.T) {
+	name := "suspend-e2e"
+	dir := project(t, name)
+	os.Chmod(dir, 0o777)
+	for f, body := range map[string]string{
+		"moat.toml": suspendToml,
+		"server.py": fmt.Sprintf(suspendServer, suspendGuestPort),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stateDir := filepath.Join(moatHome, "state", "sandboxes", name)
+	mustMoat(t, dir, "up")
+	hostPort := freePort(t)
+	mustMoat(t, dir, "forward", "add", name, fmt.Sprintf("%d:%d", hostPort, suspendGuestPort))
+
+	// The server's first three answers, through the forward.
+	for want := 1; want <= 3; want++ {
+		if got := serverCount(t, hostPort, 10*time.Second); got != want {
+			t.Fatalf("answer %d of the guest's server is %d", want, got)
+		}
+	}
+	counter := func() int {
+		t.Helper()
+		out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/count"))
+		n, err := strconv.Atoi(out)
+		if err != nil {
+			t.Fatalf("the guest's counter reads %q", out)
+		}
+		return n
+	}
+	// Far enough from 0 that a counter started again after the resume
+	// cannot have caught up by the time it is read.
+	deadline := time.Now().Add(30 * time.Second)
+	before := counter()
+	for before < 30 && time.Now().Before(deadline) {
+		time.Sleep(200 * time.Millisecond)
+		before = counter()
+	}
+	if before < 30 {
+		t.Fatalf("the guest's counter reached only %d in 30 s", before)
+	}
+
+	// A session attached at the suspend: ended, and told why.
+	attached := exec.Command(moatBin, "exec", name, "--", "sleep", "60")
+	attached.Dir, attached.Env = dir, moatEnv(nil)
+	var attachedErr strings.Builder
+	attached.Stderr = &attachedErr
+	if err := attached.Start(); err != nil {
+		t.Fatal(err)
+	}
+	attachedDone := make(chan error, 1)
+	go func() { attachedDone <- attached.Wait() }()
+	t.Cleanup(func() { attached.Process.Kill() })
+	waitSessions(t, dir, name, 1)
+
+	r := moat(t, dir, nil, "suspend", name, "--json")
+	if r.code != 0 {
+		t.Fatalf("suspend: exit %d, stderr %q", r.code, r.stderr)
+	}
+	var res struct {
+		State      string `json:"state"`
+		ImageBytes int64  `json:"image_bytes"`
+		Ended      int    `json:"sessions_ended"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || res.State != "suspended" || res.ImageBytes <= 0 || res.Ended != 1 {
+		t.Fatalf("suspend --json = %q (%v); want state suspended, an image and one session ended", r.stdout, err)
+	}
+
+	t.Run("attached_session_ended_and_told", func(t *testing.T) {
+		select {
+		case err := <-attachedDone:
+			if err == nil || !strings.Contains(attachedErr.String(), "suspended") || !strings.Contains(attachedErr.String(), "moat resume "+name) {
+				t.Fatalf("the attached session ended with %v, stderr %q; want a failure that says the sandbox was suspended", err, attachedErr.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("the attached session was still running 30 s after the suspend")
+		}
+	})
+
+	t.Run("nothing_runs_while_suspended", func(t *testing.T) {
+		assertNothingLeft(t)
+		var list struct {
+			Sandboxes []struct {
+				Name       string `json:"name"`
+				State      string `json:"state"`
+				ImageBytes int64  `json:"suspend_image_bytes"`
+			} `json:"sandboxes"`
+		}
+		if err := json.Unmarshal([]byte(mustMoat(t, dir, "list", "--json")), &list); err != nil {
+			t.Fatal(err)
+		}
+		found := false
+		for _, s := range list.Sandboxes {
+			if s.Name == name {
+				found = true
+				if s.State != "suspended" || s.ImageBytes != res.ImageBytes {
+					t.Errorf("list says %s with an image of %d bytes; want suspended, %d", s.State, s.ImageBytes, res.ImageBytes)
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("list has no %s", name)
+		}
+		if out := mustMoat(t, dir, "list"); !strings.Contains(out, "suspended (") {
+			t.Errorf("list does not show the state with the image's size:\n%s", out)
+		}
+		img := filepath.Join(stateDir, "suspend")
+		if fi, err := os.Stat(img); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Fatalf("image directory: %v, %v; want mode 0700", fi, err)
+		}
+		ents, _ := os.ReadDir(img)
+		if len(ents) == 0 {
+			t.Fatal("the image directory is empty")
+		}
+		for _, e := range ents {
+			if fi, _ := e.Info(); fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s has mode %v; want 0600 (it holds the guest's memory)", e.Name(), fi.Mode().Perm())
+			}
+		}
+	})
+
+	r = moat(t, dir, nil, "resume", name)
+	if r.code != 0 {
+		t.Fatalf("resume: exit %d, stderr %q", r.code, r.stderr)
+	}
+
+	t.Run("counter_continues", func(t *testing.T) {
+		after := counter()
+		if after < before {
+			t.Fatalf("the counter reads %d after the resume, %d before the suspend: it started again", after, before)
+		}
+		later := after
+		for i := 0; i < 50 && later == after; i++ {
+			time.Sleep(100 * time.Millisecond)
+			later = counter()
+		}
+		if later <= after {
+			t.Fatalf("the counter stays at %d after the resume: the loop is not running", after)
+		}
+	})
+
+	t.Run("server_keeps_its_state_through_the_forward", func(t *testing.T) {
+		if got := serverCount(t, hostPort, 10*time.Second); got != 4 {
+			t.Fatalf("the server's fourth answer is %d: its memory did not survive (or the forward did not come back)", got)
+		}
+	})
+
+	t.Run("on_up_ran_once", func(t *testing.T) {
+		b, _ := os.ReadFile(filepath.Join(dir, ".on-up-marker"))
+		if n := strings.Count(string(b), "up\n"); n != 1 {
+			t.Fatalf("on_up ran %d times; want once (the resume must not run it)", n)
+		}
+	})
+
+	t.Run("image_gone_after_resume", func(t *testing.T) {
+		if _, err := os.Stat(filepath.Join(stateDir, "suspend")); err == nil {
+			t.Fatal("the image is still there after the guest ran on from it")
+		}
+	})
+
+	t.Run("destroy_removes_the_image", func(t *testing.T) {
+		mustMoat(t, dir, "suspend", name)
+		if _, err := os.Stat(filepath.Join(stateDir, "suspend")); err != nil {
+			t.Fatalf("no image after the second suspend: %v", err)
+		}
+		mustMoat(t, dir, "destroy", "--yes", name)
+		if _, err := os.Stat(stateDir); err == nil {
+			t.Fatal("the sandbox's state, image included, is still there after destroy")
+		}
+		assertNothingLeft(t)
+	})
+}
+
+// serverCount is the guest server's answer through the host port, retried
+// until it answers or within runs out.
+func serverCount(t *testing.T, port int, within time.Duration) int {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second}
+	deadline := time.Now().Add(within)
+	var last error
+	for time.Now().Before(deadline) {
+		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+		if err == nil {
+			b, _ := io.ReadAll(io.LimitReader(resp.Body, 64))
+			resp.Body.Close()
+			n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+			if err != nil {
+				t.Fatalf("the guest's server answered %q", b)
+			}
+			return n
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the guest's server did not answer through port %d within %v: %v", port, within, last)
+	return 0
+}
+
+// waitSessions waits until the sandbox's status counts n sessions.
+func waitSessions(t *testing.T, dir, name string, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		var st struct {
+			Sessions int `json:"sessions"`
+		}
+		if json.Unmarshal([]byte(moat(t, dir, nil, "status", name, "--json").stdout), &st) == nil && st.Sessions >= n {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("the sandbox did not count %d attached session(s) within 20 s", n)
+}
