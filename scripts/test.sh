@@ -11,6 +11,21 @@ go vet ./...
 # process's escape attempts, see internal/daemon/escape_moattest.go).
 CGO_ENABLED=0 go build -trimpath -tags moattest -o bin/moat-test ./cmd/moat
 export MOAT_BIN=$PWD/bin/moat-test MOAT_RUNSC=$PWD/bin/runsc
+# test/docker needs a Docker engine: scripts/docker.sh installs Debian's
+# docker.io when it is missing and starts dockerd. Its outcome reaches the
+# tests in MOAT_DOCKER: a failed set-up fails them with its reason; only a
+# host without apt-get at all skips them, said here and in the test log.
+dstart=$(date +%s)
+if derr=$(./scripts/docker.sh 2>&1); then
+	export MOAT_DOCKER=ready
+elif [ $? -eq 3 ]; then
+	export MOAT_DOCKER="skip: $(printf '%s\n' "$derr" | tail -1)"
+	echo "test.sh: SKIPPING test/docker: $MOAT_DOCKER" >&2
+else
+	export MOAT_DOCKER="fail: $(printf '%s\n' "$derr" | tail -1)"
+	printf 'test.sh: scripts/docker.sh failed; test/docker will fail:\n%s\n' "$derr" >&2
+fi
+echo "test.sh: scripts/docker.sh: $(( $(date +%s) - dstart )) s" >&2
 # -v so that every skipped test says why in the log; the full output is in
 # /tmp/moat-test.log, and what is printed here is the skips with their
 # reasons, every failure with its output, and each package's result line.

@@ -1,0 +1,336 @@
+package docker
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
+	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
+	"github.com/miekg/dns"
+
+	"moat.dev/moat/internal/dockerrt"
+)
+
+// ready fails or skips the test unless a Docker engine answers, as
+// MOAT_DOCKER (set by scripts/test.sh) says.
+func ready(t *testing.T) {
+	t.Helper()
+	if os.Getuid() != 0 {
+		t.Skip("needs root (moat's Docker runtime edits the host's iptables and enters the workload's netns); run: sudo scripts/test.sh")
+	}
+	switch v := os.Getenv("MOAT_DOCKER"); {
+	case strings.HasPrefix(v, "fail"):
+		t.Fatalf("scripts/docker.sh could not make a Docker engine available: %s", v)
+	case strings.HasPrefix(v, "skip"):
+		t.Skipf("no Docker engine on this host: %s", v)
+	case v == "":
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		e, err := dockerrt.Connect(ctx)
+		if err != nil {
+			t.Skipf("MOAT_DOCKER is unset and %v; run scripts/docker.sh (or scripts/test.sh, which runs it)", err)
+		}
+		e.Close()
+	}
+}
+
+// moatBin is $MOAT_BIN, or moat built here once, without cgo.
+var moatBin = sync.OnceValues(func() (string, error) {
+	if b := os.Getenv("MOAT_BIN"); b != "" {
+		return b, nil
+	}
+	dir, err := os.MkdirTemp("", "moat-docker-test-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "moat")
+	cmd := exec.Command("go", "build", "-o", bin, "moat.dev/moat/cmd/moat")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("building moat: %v\n%s", err, out)
+	}
+	return bin, nil
+})
+
+// workloadImage imports, once per busybox binary, an image made from the
+// host's static busybox (scripts/setup.sh installs it): no registry. It
+// returns the tag.
+func workloadImage(t *testing.T, c *client.Client) string {
+	t.Helper()
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Fatalf("reading /bin/busybox (apt-get install busybox-static): %v", err)
+	}
+	sum := sha256.Sum256(bb)
+	ref := "moat-test-busybox:" + hex.EncodeToString(sum[:6])
+	ctx := context.Background()
+	if _, err := c.ImageInspect(ctx, ref); err == nil {
+		return ref
+	}
+	out, err := exec.Command("/bin/busybox", "--list-full").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	dir := func(name string, mode int64) {
+		tw.WriteHeader(&tar.Header{Name: name + "/", Typeflag: tar.TypeDir, Mode: mode})
+	}
+	file := func(name string, mode int64, data []byte) {
+		tw.WriteHeader(&tar.Header{Name: name, Mode: mode, Size: int64(len(data))})
+		tw.Write(data)
+	}
+	for _, d := range []string{"bin", "sbin", "usr", "usr/bin", "usr/sbin", "etc", "etc/ssl", "etc/ssl/certs", "root", "home", "proc", "sys", "dev", "run", "var"} {
+		dir(d, 0o755)
+	}
+	dir("tmp", 0o1777)
+	file("bin/busybox", 0o755, bb)
+	for _, applet := range strings.Fields(string(out)) {
+		if applet == "bin/busybox" {
+			continue
+		}
+		tw.WriteHeader(&tar.Header{Name: applet, Typeflag: tar.TypeSymlink, Linkname: "/bin/busybox", Mode: 0o777})
+	}
+	file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
+	file("etc/group", 0o644, []byte("root:x:0:\n"))
+	// The image's own roots, as a distribution ships them: init adds the
+	// gate's CA to them, and only then points REQUESTS_CA_BUNDLE at
+	// the bundle (pointing it at the CA alone would refuse every host
+	// the gate does not inspect).
+	if roots, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt"); err == nil {
+		file("etc/ssl/certs/ca-certificates.crt", 0o644, roots)
+	}
+	if err := tw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := c.ImageImport(ctx, image.ImportSource{Source: &buf, SourceName: "-"}, ref, image.ImportOptions{})
+	if err != nil {
+		t.Fatalf("importing the workload image: %v", err)
+	}
+	io.Copy(io.Discard, rc)
+	rc.Close()
+	return ref
+}
+
+// upstream is the positive control's side of the egress network: a DNS
+// server that answers allowed.test and logs every question, and an HTTP
+// server, both on the egress bridge's host address.
+type upstream struct {
+	mu    sync.Mutex
+	asked []string
+}
+
+func (u *upstream) questions() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.asked...)
+}
+
+// egress is the egress network's subnet in these tests: a documentation
+// range, which the gate does not refuse (internal/policy/special.go), on
+// a bridge the test's sandbox creates; .1 is the host's end.
+var egress = netip.MustParsePrefix("198.51.100.0/24")
+
+const hostEnd = "198.51.100.1"
+
+// freebind lets the servers bind the bridge's address before moat has
+// made the bridge.
+func freebind(network, address string, c syscall.RawConn) error {
+	var serr error
+	err := c.Control(func(fd uintptr) { serr = syscall.SetsockoptInt(int(fd), syscall.SOL_IP, 15 /* IP_FREEBIND */, 1) })
+	if err != nil {
+		return err
+	}
+	return serr
+}
+
+// inetLock is test/inet's host-wide lock: a test/inet Net routes the
+// same documentation range into a namespace, so the two take turns.
+const inetLock = "/run/moat-inet.lock"
+
+// lockInet holds inetLock until the test's cleanup; it waits at most
+// ten minutes for another test binary's Net to end.
+func lockInet(t *testing.T) {
+	f, err := os.OpenFile(inetLock, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Minute)
+	for syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+		if time.Now().After(deadline) {
+			f.Close()
+			t.Fatalf("%s is held by another test for over ten minutes", inetLock)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Cleanup(func() { f.Close() })
+}
+
+func startUpstream(t *testing.T) *upstream {
+	u := &upstream{}
+	lc := net.ListenConfig{Control: freebind}
+	ctx := context.Background()
+	pc, err := lc.ListenPacket(ctx, "udp4", hostEnd+":53")
+	if err != nil {
+		t.Fatalf("listening for DNS on %s: %v", hostEnd, err)
+	}
+	srv := &dns.Server{PacketConn: pc, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, q *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(q)
+		for _, qq := range q.Question {
+			u.mu.Lock()
+			u.asked = append(u.asked, qq.Name)
+			u.mu.Unlock()
+			if qq.Name == "allowed.test." && qq.Qtype == dns.TypeA {
+				rr, _ := dns.NewRR("allowed.test. 60 IN A " + hostEnd)
+				m.Answer = append(m.Answer, rr)
+			}
+		}
+		if len(m.Answer) == 0 && q.Question[0].Name != "allowed.test." {
+			m.Rcode = dns.RcodeNameError
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	l, err := lc.Listen(ctx, "tcp4", hostEnd+":80")
+	if err != nil {
+		t.Fatalf("listening for HTTP on %s: %v", hostEnd, err)
+	}
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s\n", r.Host)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	go hs.Serve(l)
+	t.Cleanup(func() { hs.Close() })
+	return u
+}
+
+// sandbox is one Docker sandbox of a test, in a workspace and MOAT_HOME
+// of its own.
+type sandbox struct {
+	bin, ws   string
+	env       []string
+	name      string
+	dc        *client.Client
+	destroyed bool
+}
+
+// run is `moat run [args] -- argv` in the workspace; it returns stdout,
+// stderr and the exit code.
+func (s *sandbox) run(t *testing.T, timeout time.Duration, argv ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, s.bin, append([]string{"run", "--trust-project", "--"}, argv...)...)
+	cmd.Dir, cmd.Env = s.ws, s.env
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("moat run %v: %v\n%s", argv, err, errb.String())
+	}
+	if ctx.Err() != nil {
+		t.Fatalf("moat run %v did not return within %s; stderr:\n%s", argv, timeout, errb.String())
+	}
+	return out.String(), errb.String(), code
+}
+
+// must is run expecting exit 0.
+func (s *sandbox) must(t *testing.T, argv ...string) string {
+	t.Helper()
+	out, errs, code := s.run(t, 2*time.Minute, argv...)
+	if code != 0 {
+		t.Fatalf("moat run %q exited %d\nstdout:\n%s\nstderr:\n%s", argv, code, out, errs)
+	}
+	return out
+}
+
+func (s *sandbox) destroy(t *testing.T) {
+	if s.destroyed {
+		return
+	}
+	s.destroyed = true
+	cmd := exec.Command(s.bin, "destroy", "--yes", s.name)
+	cmd.Dir, cmd.Env = s.ws, s.env
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("moat destroy: %v\n%s", err, out)
+	}
+}
+
+// newSandbox makes a workspace for a Docker sandbox; its egress network
+// is the documentation range, so it holds test/inet's lock until the
+// sandbox is destroyed.
+func newSandbox(t *testing.T, moatToml string) *sandbox {
+	ready(t)
+	lockInet(t)
+	bin, err := moatBin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dc.Close() })
+	img := workloadImage(t, dc)
+	root := t.TempDir()
+	ws := filepath.Join(root, "ws")
+	if err := os.MkdirAll(ws, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	removeStale(t, dc)
+	name := fmt.Sprintf("dk%06x", time.Now().UnixNano()&0xffffff)
+	toml := strings.NewReplacer("IMAGE", img, "NAME", name).Replace(moatToml)
+	if err := os.WriteFile(filepath.Join(ws, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &sandbox{bin: bin, ws: ws, dc: dc, name: name,
+		env: append(os.Environ(), "MOAT_HOME="+filepath.Join(root, "home"),
+			"MOAT_DOCKER_EGRESS_SUBNET="+egress.String(), "MOAT_UPSTREAM_DNS="+hostEnd+":53")}
+	t.Cleanup(func() { s.destroy(t) })
+	return s
+}
+
+// removeStale removes what an earlier, killed run of these tests left
+// in Docker (its sandboxes are named dk*): its egress network would hold
+// the subnet this run needs.
+func removeStale(t *testing.T, dc *client.Client) {
+	ctx := context.Background()
+	f := filters.NewArgs(filters.Arg("label", dockerrt.Label))
+	cs, _ := dc.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
+	for _, c := range cs {
+		if strings.HasPrefix(c.Labels[dockerrt.Label], "dk") {
+			dc.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+		}
+	}
+	ns, _ := dc.NetworkList(ctx, network.ListOptions{Filters: f})
+	for _, n := range ns {
+		if strings.HasPrefix(n.Labels[dockerrt.Label], "dk") {
+			dc.NetworkRemove(ctx, n.ID)
+		}
+	}
+}
+
+var networkInspect = network.InspectOptions{}

@@ -1,0 +1,236 @@
+package docker
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"moat.dev/moat/internal/dockerrt"
+)
+
+const policy = `[sandbox]
+name = "NAME"
+image = "IMAGE"
+runtime = "docker"
+
+[network]
+allow = ["allowed.test"]
+`
+
+// TestDockerSandbox runs one sandbox through every check: a cold start
+// costs seconds, the checks themselves little.
+func TestDockerSandbox(t *testing.T) {
+	s := newSandbox(t, policy)
+	up := startUpstream(t)
+	start := time.Now()
+	s.must(t, "true")
+	t.Logf("cold start and a session: %s", time.Since(start).Round(time.Millisecond))
+	ctx := context.Background()
+	intNet, egNet := "moat-"+s.name+"-int", "moat-"+s.name+"-egress"
+	gateName, workName := "moat-"+s.name+"-gate", "moat-"+s.name+"-work"
+
+	var subnet netip.Prefix
+	var gateIP netip.Addr
+	t.Run("topology", func(t *testing.T) {
+		n, err := s.dc.NetworkInspect(ctx, intNet, networkInspect)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !n.Internal || n.EnableIPv6 {
+			t.Errorf("internal network: Internal=%v EnableIPv6=%v; want true, false", n.Internal, n.EnableIPv6)
+		}
+		if len(n.IPAM.Config) != 1 {
+			t.Fatalf("internal network's IPAM: %+v", n.IPAM.Config)
+		}
+		subnet = netip.MustParsePrefix(n.IPAM.Config[0].Subnet)
+		g, err := s.dc.ContainerInspect(ctx, gateName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keys(g.NetworkSettings.Networks); !slices.Equal(got, []string{egNet, intNet}) {
+			t.Errorf("gate's networks = %v, want %v", got, []string{egNet, intNet})
+		}
+		gateIP = netip.MustParseAddr(g.NetworkSettings.Networks[intNet].IPAddress)
+		w, err := s.dc.ContainerInspect(ctx, workName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := keys(w.NetworkSettings.Networks); !slices.Equal(got, []string{intNet}) {
+			t.Errorf("workload's networks = %v, want only %s", got, intNet)
+		}
+		if w.HostConfig.Privileged || len(w.HostConfig.CapAdd) > 0 {
+			t.Errorf("workload has privileges: privileged=%v cap_add=%v", w.HostConfig.Privileged, w.HostConfig.CapAdd)
+		}
+		// The record pins the image by digest.
+		img, err := s.dc.ImageInspect(ctx, w.Config.Image)
+		if err != nil || !strings.HasPrefix(w.Config.Image, "sha256:") || img.ID != w.Config.Image {
+			t.Errorf("workload's image is %q (%v), want the digest it resolved to", w.Config.Image, err)
+		}
+		// The workload has one route, to its subnet: seen from the host
+		// and from inside.
+		got, err := dockerrt.Routes(w.State.Pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, []netip.Prefix{subnet}) {
+			t.Errorf("workload's routes (host's view) = %v, want only %s", got, subnet)
+		}
+		out := s.must(t, "sh", "-c", "ip route; ip -6 route")
+		if lines := strings.Fields(out); len(lines) == 0 || lines[0] != subnet.String() || strings.Count(out, "\n") != 1 {
+			t.Errorf("workload's ip route:\n%s\nwant one line, for %s", out, subnet)
+		}
+	})
+
+	t.Run("no nat or forwarding out of the internal network", func(t *testing.T) {
+		out, err := exec.Command("iptables-save").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "MASQUERADE") && strings.Contains(l, subnet.String()) {
+				t.Errorf("the internal subnet is masqueraded: %s", l)
+			}
+		}
+		// Docker's isolation drops what leaves the bridge; moat's INPUT
+		// rules drop what the bridge brings the host.
+		for _, want := range []string{"! -d " + subnet.String() + " -i ", "-j DROP"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("iptables-save lacks %q", want)
+			}
+		}
+		if !regexp.MustCompile(`-A INPUT -i moat[0-9a-f]+ -m comment --comment "?moat-` + s.name + `"? -j DROP`).Match(out) {
+			t.Errorf("no INPUT DROP for the internal bridge:\n%s", grep(string(out), "INPUT"))
+		}
+	})
+
+	t.Run("every name is the gate's to answer", func(t *testing.T) {
+		out := s.must(t, "cat", "/etc/resolv.conf")
+		if ns := regexp.MustCompile(`(?m)^nameserver\s+(\S+)`).FindAllStringSubmatch(out, -1); len(ns) != 1 || ns[0][1] != gateIP.String() {
+			t.Errorf("resolv.conf:\n%s\nwant one nameserver, %s", out, gateIP)
+		}
+		for _, name := range []string{"anything.invalid", "allowed.test", "moat-" + s.name + "-gate"} {
+			out, _, code := s.run(t, time.Minute, "nslookup", name)
+			if code != 0 || !strings.Contains(out, "Server:\t\t"+gateIP.String()) {
+				t.Errorf("nslookup %s (exit %d):\n%s\nwant an answer from the gate %s", name, code, out, gateIP)
+			}
+		}
+		// Docker's embedded resolver would answer the network's
+		// container names; moat removed the rules that reach it.
+		out, _, code := s.run(t, time.Minute, "nslookup", "moat-"+s.name+"-gate", "127.0.0.11")
+		if code == 0 {
+			t.Errorf("Docker's embedded resolver answers:\n%s", out)
+		}
+		for _, q := range up.questions() {
+			if q != "allowed.test." {
+				t.Errorf("the upstream resolver was asked %q; only the allowed name may leave", q)
+			}
+		}
+	})
+
+	t.Run("direct egress is dead", func(t *testing.T) {
+		// nc fails at connect(2) with ENETUNREACH: no route, so no packet
+		// leaves for these addresses.
+		for _, dst := range []string{"1.1.1.1 80", "1.1.1.1 443", "169.254.169.254 80", "2606:4700:4700::1111 443"} {
+			_, errs, code := s.run(t, time.Minute, "sh", "-c", "nc -w 3 "+dst+" </dev/null")
+			if code == 0 || !regexp.MustCompile(`unreachable|not supported|Cannot assign`).MatchString(errs) {
+				t.Errorf("nc %s: exit %d, %q; want a local failure", dst, code, strings.TrimSpace(errs))
+			}
+		}
+	})
+
+	t.Run("an allowed host through the gate", func(t *testing.T) {
+		out := s.must(t, "wget", "-q", "-O-", "http://allowed.test/")
+		if out != "hello from allowed.test\n" {
+			t.Errorf("allowed.test through the gate: %q", out)
+		}
+		out, errs, code := s.run(t, time.Minute, "wget", "-S", "-O-", "http://denied.test/")
+		if code == 0 || !strings.Contains(errs, "403") {
+			t.Errorf("denied.test: exit %d, %s\n%s; want the gate's 403", code, errs, out)
+		}
+	})
+
+	t.Run("the gate's CA, as moat init installs it", func(t *testing.T) {
+		// The CA's first line of base64 in the system bundle.
+		out := s.must(t, "sh", "-c", "env; grep -qF \"$(sed -n 2p /.moat/ca.pem)\" /etc/ssl/certs/ca-certificates.crt && echo ca-in-bundle")
+		if !strings.Contains(out, "ca-in-bundle") {
+			t.Errorf("the gate's CA is not in /etc/ssl/certs/ca-certificates.crt")
+		}
+		for _, want := range []string{"NODE_EXTRA_CA_CERTS=/.moat/ca.pem", "REQUESTS_CA_BUNDLE=", "PIP_CERT="} {
+			if !strings.Contains(out, want) {
+				t.Errorf("session environment lacks %s:\n%s", want, out)
+			}
+		}
+		if strings.Contains(out, "SSL_CERT_FILE") {
+			t.Errorf("SSL_CERT_FILE is set; it would replace every other root")
+		}
+	})
+
+	t.Run("exit codes", func(t *testing.T) {
+		if _, _, code := s.run(t, time.Minute, "sh", "-c", "exit 7"); code != 7 {
+			t.Errorf("exit 7 gave %d", code)
+		}
+		start := time.Now()
+		out := s.must(t, "sh", "-c", "sleep 300 & echo done")
+		if d := time.Since(start); out != "done\n" || d > 10*time.Second {
+			t.Errorf("a background child held the session: %q after %s", out, d)
+		}
+	})
+
+	t.Run("killing a session's group leaves no zombie", func(t *testing.T) {
+		// The session's shell leads its own group (setsid); killing the
+		// group orphans nothing that PID 1 does not reap.
+		if _, errs, code := s.run(t, time.Minute, "sh", "-c", "sleep 300 & sleep 300 & kill -9 -$$"); code != 128+9 {
+			t.Fatalf("the session killed its own group and exited %d, want %d: %s", code, 128+9, errs)
+		}
+		time.Sleep(time.Second)
+		out := s.must(t, "sh", "-c", "for f in /proc/[0-9]*/stat; do read -r l < $f && echo \"$l\"; done")
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == "Z" {
+				t.Errorf("zombie: %s", l)
+			}
+		}
+	})
+
+	t.Run("destroy removes containers, networks and host rules", func(t *testing.T) {
+		s.destroy(t)
+		for _, n := range []string{intNet, egNet} {
+			if _, err := s.dc.NetworkInspect(ctx, n, networkInspect); err == nil {
+				t.Errorf("network %s is left", n)
+			}
+		}
+		for _, c := range []string{gateName, workName} {
+			if _, err := s.dc.ContainerInspect(ctx, c); err == nil {
+				t.Errorf("container %s is left", c)
+			}
+		}
+		out, _ := exec.Command("iptables-save").Output()
+		if strings.Contains(string(out), "moat-"+s.name) {
+			t.Errorf("host rules are left:\n%s", grep(string(out), "moat-"+s.name))
+		}
+	})
+}
+
+func keys[V any](m map[string]V) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func grep(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
