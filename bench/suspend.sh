@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Suspend and resume, each against its baseline in the same run; medians of
+# N interleaved runs. Needs root and ./scripts/setup.sh.
+#   resume: `moat resume` of a suspended sandbox until the guest's HTTP server answers (through a
+#           forward)  vs  cold: `moat up` of the stopped sandbox until the same server answers, on_up
+#           starting it (target: resume <= 0.5x cold)
+#   suspend: `moat suspend` time and the image's size against the guest's memory in use, idle and
+#           with a process holding BALLAST_MIB of incompressible memory
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${N:-5}
+BALLAST_MIB=${BALLAST_MIB:-64}
+MOAT=${MOAT:-$PWD/bin/moat}
+export MOAT_RUNSC=${MOAT_RUNSC:-$PWD/bin/runsc}
+export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
+proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/suspendbench; mkdir -p "$proj"
+cleanup() {
+	"$MOAT" destroy --yes suspendbench >/dev/null 2>&1 || true
+	rm -rf "$MOAT_HOME" "$(dirname "$proj")"
+}
+trap cleanup EXIT
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+guest_port=8124
+chmod 0777 "$proj"
+cat > "$proj/server.py" <<PY
+import http.server
+n = 0
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        global n
+        n += 1
+        b = str(n).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", $guest_port), H).serve_forever()
+PY
+cat > "$proj/moat.toml" <<TOML
+[hooks]
+on_up = ["setsid -f python3 server.py </dev/null >/dev/null 2>&1"]
+
+[forwards]
+ports = ["$port:$guest_port"]
+TOML
+
+ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
+# answers: polls the server through the forward, every 5 ms, for up to 60 s.
+answers() {
+	local i
+	for i in $(seq 12000); do
+		curl -sf -m 1 "http://127.0.0.1:$port/" >/dev/null 2>&1 && return 0
+		sleep 0.005
+	done
+	echo "the guest's server did not answer within 60 s" >&2
+	exit 1
+}
+# guest_used_kib: the guest's memory in use, as its kernel (gVisor's) counts it.
+guest_used_kib() { "$MOAT" exec suspendbench -- awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t-a}' /proc/meminfo; }
+image_kib() { du -sk "$MOAT_HOME/state/sandboxes/suspendbench/suspend" | awk '{print $1}'; }
+
+(cd "$proj" && "$MOAT" up --trust-project >/dev/null 2>&1)
+answers
+cold=() resume=() susp=() img=() used=()
+for i in $(seq "$N"); do
+	# Cold: from stopped (down drops any image) to the server's answer.
+	"$MOAT" down suspendbench >/dev/null 2>&1
+	t=$(date +%s%N); "$MOAT" up suspendbench >/dev/null 2>&1; answers; cold+=("$(ms "$t")")
+	used+=("$(guest_used_kib)")
+	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
+	img+=("$(image_kib)")
+	t=$(date +%s%N); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
+done
+
+# The same with BALLAST_MIB of random bytes held by a process in the guest.
+"$MOAT" exec suspendbench -- sh -c "setsid -f python3 -c 'import os, time; b = os.urandom($BALLAST_MIB << 20); time.sleep(1e9)' </dev/null >/dev/null 2>&1"
+sleep 3
+bsusp=() bimg=() bused=()
+for i in $(seq "$N"); do
+	bused+=("$(guest_used_kib)")
+	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; bsusp+=("$(ms "$t")")
+	bimg+=("$(image_kib)")
+	"$MOAT" resume suspendbench >/dev/null 2>&1; answers
+done
+
+m() { printf '%s\n' "$@" | median; }
+c=$(m "${cold[@]}") r=$(m "${resume[@]}")
+printf 'runs: %d each, interleaved, medians\n' "$N"
+printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(awk -v a="$r" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
+per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
+su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
+printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" $((si / 1024)) $((su / 1024)) "$(per "$si" "$su")"
+printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$BALLAST_MIB" "$(m "${bsusp[@]}")" $((bi / 1024)) $((bu / 1024)) "$(per "$bi" "$bu")"
+printf 'raw: cold %s | resume %s | suspend %s | suspend+ballast %s\n' "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}"
