@@ -185,6 +185,9 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 		NetworkMode: container.NetworkMode(r.internalNet()),
 		DNS:         []string{r.GateIP.String()},
 		Runtime:     r.Runtime,
+		// Raw sockets would let the workload forge its neighbours'
+		// addresses on the subnet; nothing in a sandbox needs them.
+		CapDrop: []string{"NET_RAW"},
 	}, &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
 		r.internalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
 	}}, nil, r.workName())

@@ -63,8 +63,8 @@ func TestDockerSandbox(t *testing.T) {
 		if got := keys(w.NetworkSettings.Networks); !slices.Equal(got, []string{intNet}) {
 			t.Errorf("workload's networks = %v, want only %s", got, intNet)
 		}
-		if w.HostConfig.Privileged || len(w.HostConfig.CapAdd) > 0 {
-			t.Errorf("workload has privileges: privileged=%v cap_add=%v", w.HostConfig.Privileged, w.HostConfig.CapAdd)
+		if w.HostConfig.Privileged || len(w.HostConfig.CapAdd) > 0 || !slices.ContainsFunc(w.HostConfig.CapDrop, func(c string) bool { return strings.TrimPrefix(c, "CAP_") == "NET_RAW" }) {
+			t.Errorf("workload's privileges: privileged=%v cap_add=%v cap_drop=%v; want none added and NET_RAW dropped", w.HostConfig.Privileged, w.HostConfig.CapAdd, w.HostConfig.CapDrop)
 		}
 		// The record pins the image by digest.
 		img, err := s.dc.ImageInspect(ctx, w.Config.Image)
