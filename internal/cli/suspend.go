@@ -156,6 +156,10 @@ moat run, exec and shell resume a suspended sandbox too.`,
 				return codef(ExitUsage, "sandbox %q is %s, not suspended; start it with: moat up %s", rec.Name, st, rec.Name)
 			}
 			if err := e.start(dir); err != nil {
+				if _, kept := runtime.ImageSize(dir); !kept && !sandboxAt(dir).alive() {
+					// The shim drops an image runsc refused (runsc.log says why).
+					return fmt.Errorf("%w\nthe saved processes could not be restored and are dropped; the sandbox's files are kept: start it afresh with: moat up %s", err, rec.Name)
+				}
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "moat: resumed %s\n", rec.Name)

@@ -148,6 +148,9 @@ func superviseRunsc(p *Plan, bundle string) error {
 	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
 	t0 := time.Now()
 	if err := run.Run(); err != nil {
+		if p.Restore != "" {
+			return restoreFailed(p, err)
+		}
 		return fmt.Errorf("runsc %s: %w", verb, err)
 	}
 	if p.Restore != "" {

@@ -97,6 +97,15 @@ func restored(p *Plan, took time.Duration) {
 	}
 }
 
+// restoreFailed drops an image runsc could not restore (a corrupt one,
+// one of another gVisor, a configuration changed since the suspend) so
+// that the next start boots afresh instead of failing the same way; the
+// writable layer is untouched.
+func restoreFailed(p *Plan, err error) error {
+	RemoveSaved(p.StateDir)
+	return fmt.Errorf("restoring the suspended guest: runsc restore: %v; its saved processes are dropped, and the next start boots it afresh with its files", err)
+}
+
 // readWords delivers the daemon's words on ShimFD, one byte each, until
 // it closes its end.
 func readWords() <-chan byte {

@@ -212,6 +212,27 @@ func TestSuspendResume(t *testing.T) {
 		}
 	})
 
+	t.Run("truncated_image_refused_files_kept", func(t *testing.T) {
+		mustMoat(t, dir, "exec", name, "--", "sh", "-c", "echo kept > /tmp/kept")
+		mustMoat(t, dir, "suspend", name)
+		state := filepath.Join(stateDir, "suspend", "checkpoint.img")
+		fi, err := os.Stat(state)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(state, fi.Size()/2); err != nil {
+			t.Fatal(err)
+		}
+		r := moat(t, dir, nil, "resume", name)
+		if r.code == 0 || !strings.Contains(r.stderr, "could not be restored") || !strings.Contains(r.stderr, "moat up "+name) {
+			t.Fatalf("resume from a truncated image: exit %d, stderr %q; want a refusal that says how to start afresh", r.code, r.stderr)
+		}
+		mustMoat(t, dir, "up", name)
+		if out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/kept")); out != "kept" {
+			t.Fatalf("after the refused image and a fresh start, the guest's file reads %q", out)
+		}
+	})
+
 	t.Run("destroy_removes_the_image", func(t *testing.T) {
 		mustMoat(t, dir, "suspend", name)
 		if _, err := os.Stat(filepath.Join(stateDir, "suspend")); err != nil {
