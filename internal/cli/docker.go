@@ -120,6 +120,15 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	return ssh.NewClient(cc, chans, reqs), nil
 }
 
+// gvisorOnly refuses, for a Docker sandbox, what only moat's own runtime
+// does yet: a daemon of its own (moat up, ssh-config, resume).
+func gvisorOnly(dir string) error {
+	if r, err := state.Load(dir); err == nil && r.Runtime == runtimeDocker {
+		return codef(ExitUsage, "sandbox %q runs on Docker, which starts with its first session and has no daemon; use: moat run (see docs/docker.md)", r.Name)
+	}
+	return nil
+}
+
 // dockerGuest is the guest configuration of a Docker sandbox: the same
 // user and environment as a gVisor sandbox's (daemonmain.go); dockerrt
 // adds the addresses and the CA.

@@ -324,6 +324,9 @@ func (e *env) start(dir string) error {
 // fresh CLI process, are not added to the boot. It returns that client, or
 // nil when the caller should connect itself.
 func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
+	if err := gvisorOnly(dir); err != nil {
+		return nil, err
+	}
 	s := sandboxAt(dir)
 	// The warm path: a running sandbox needs no lock and no record write
 	// (the write is an fsync, the most expensive step of a warm exec).

@@ -207,7 +207,11 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	}
 	if r.Runtime != "runsc" {
 		// Under runsc the routes and nat rules are gVisor's own, copied
-		// when the sandbox started; the netns's are not the workload's.
+		// when the sandbox started; the netns's are not the workload's,
+		// and gVisor refuses a route deletion even from a privileged
+		// exec. There the workload keeps a default route to the bridge,
+		// whose packets Docker's isolation chain and guardBridge drop on
+		// the host (docs/docker.md).
 		if err := isolate(pid, r.Subnet); err != nil {
 			return fmt.Errorf("isolating the workload's network: %w", err)
 		}

@@ -196,6 +196,15 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("moat up refuses a Docker sandbox", func(t *testing.T) {
+		cmd := exec.Command(s.bin, "up", s.name)
+		cmd.Dir, cmd.Env = s.ws, s.env
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "moat run") {
+			t.Errorf("moat up: %v\n%s\nwant exit 2 and a hint to use moat run", err, out)
+		}
+	})
+
 	t.Run("destroy removes containers, networks and host rules", func(t *testing.T) {
 		s.destroy(t)
 		for _, n := range []string{intNet, egNet} {
