@@ -95,3 +95,36 @@ func TestParsePressure(t *testing.T) {
 		}
 	}
 }
+
+func TestParseMeminfo(t *testing.T) {
+	tests := []struct {
+		in               string
+		total, available uint64
+		err              bool
+	}{
+		{"MemTotal:       24684416 kB\nMemFree:         1000 kB\nMemAvailable:   18000000 kB\n", 24684416 << 10, 18000000 << 10, false},
+		{"  MemAvailable: 2 kB\r\nMemTotal:\t4 kB", 4 << 10, 2 << 10, false}, // any spacing, no final newline
+		{"MemTotal: x kB\nMemTotal:\nMemTotal: 8 kB\n", 8 << 10, 0, false},   // bad lines skipped
+		{"MemFree: 1 kB\n", 0, 0, true},
+		{"", 0, 0, true},
+	}
+	for _, tc := range tests {
+		total, available, err := ParseMeminfo(tc.in)
+		if (err != nil) != tc.err || total != tc.total || available != tc.available {
+			t.Errorf("ParseMeminfo(%q) = %v, %v, %v; want %v, %v, err %v", tc.in, total, available, err, tc.total, tc.available, tc.err)
+		}
+	}
+}
+
+// The elastic loop parses both files every few seconds for a sandbox's
+// whole life: what they allocate is an idle daemon's garbage.
+func TestParsersDoNotAllocate(t *testing.T) {
+	meminfo := "MemTotal:       24684416 kB\nMemFree:         1000 kB\nMemAvailable:   18000000 kB\nBuffers:          500 kB\n"
+	psi := "some avg10=1.50 avg60=0.00 avg300=0.00 total=10\nfull avg10=0.25 avg60=0.00 avg300=0.00 total=1\n"
+	if n := testing.AllocsPerRun(100, func() { ParseMeminfo(meminfo) }); n != 0 {
+		t.Errorf("ParseMeminfo: %v allocations a call, want 0", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { ParsePressure(psi) }); n != 0 {
+		t.Errorf("ParsePressure: %v allocations a call, want 0", n)
+	}
+}
