@@ -170,9 +170,14 @@ func buildError(r io.Reader) error {
 	}
 }
 
-// logs is the container's output, at most its last lines.
-func (e *Engine) logs(ctx context.Context, id string, lines int) string {
-	rc, err := e.c.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(lines)})
+// logs is the container's output since a time (zero: all of it), at
+// most its last lines.
+func (e *Engine) logs(ctx context.Context, id string, since time.Time, lines int) string {
+	opts := container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(lines)}
+	if !since.IsZero() {
+		opts.Since = fmt.Sprint(since.Unix())
+	}
+	rc, err := e.c.ContainerLogs(ctx, id, opts)
 	if err != nil {
 		return ""
 	}
@@ -223,6 +228,15 @@ func (e *Engine) remove(ctx context.Context, name string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// exists reports whether there is a container called name.
+func (e *Engine) exists(ctx context.Context, name string) (bool, error) {
+	_, err := e.c.ContainerInspect(ctx, name)
+	if client.IsErrNotFound(err) {
+		return false, nil
+	}
+	return err == nil, err
 }
 
 // running reports whether the container called name runs, and its pid.

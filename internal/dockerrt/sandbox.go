@@ -85,6 +85,14 @@ func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
 	if r.Runtime != "runsc" {
 		fmt.Fprintf(o.Warn, "moat: sandbox %q runs on Docker with runc: the workload shares the host's kernel; register runsc with Docker for gVisor's (see: moat doctor)\n", r.Name)
 	}
+	// Stopped containers (a host reboot, a gate that died) start again
+	// as they are: the workload keeps what it wrote outside the
+	// workspace, as a gVisor sandbox keeps its writable layer.
+	if err := restart(ctx, e, r, o, gateUp, workUp); err == nil {
+		return r, nil
+	} else if !errors.Is(err, errMissing) {
+		fmt.Fprintf(o.Warn, "moat: sandbox %q: starting its stopped containers failed (%v); making them anew\n", r.Name, err)
+	}
 	// Whatever is left of an earlier start goes: the networks are made
 	// again with the subnet free now.
 	if err := Down(ctx, e, o.Dir); err != nil {
@@ -97,6 +105,58 @@ func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
 		return nil, err
 	}
 	return r, nil
+}
+
+// errMissing: a container or the record's addresses are not there to
+// start again.
+var errMissing = errors.New("nothing to start again")
+
+// restart starts the sandbox's existing containers that are stopped, and
+// isolates the workload again: a restarted container has a new network
+// namespace, with Docker's routes and rules back.
+func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workUp bool) error {
+	if !r.Subnet.IsValid() {
+		return errMissing
+	}
+	for _, n := range []string{r.gateName(), r.workName()} {
+		if ok, err := e.exists(ctx, n); err != nil {
+			return err
+		} else if !ok {
+			return errMissing
+		}
+	}
+	if !gateUp {
+		since := time.Now()
+		if _, err := writeGateDir(r, o); err != nil {
+			return err
+		}
+		if err := e.c.ContainerStart(ctx, r.gateName(), container.StartOptions{}); err != nil {
+			return fmt.Errorf("starting the gate: %w", err)
+		}
+		if _, err := waitGate(ctx, e, r, filepath.Join(o.Dir, "gate", "state", "ca.pem"), since); err != nil {
+			return err
+		}
+	}
+	if err := guardBridge(r.Bridge, r.Name); err != nil {
+		return err
+	}
+	if !workUp {
+		if err := e.c.ContainerStart(ctx, r.workName(), container.StartOptions{}); err != nil {
+			return fmt.Errorf("starting the workload: %w", err)
+		}
+		up, pid, err := e.running(ctx, r.workName())
+		if err != nil || !up {
+			return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.workName(), err)
+		}
+		if r.Runtime != "runsc" {
+			if err := isolate(pid, r.Subnet); err != nil {
+				// Fail closed: stop it rather than leave it with a way out.
+				e.c.ContainerKill(context.WithoutCancel(ctx), r.workName(), "KILL")
+				return fmt.Errorf("isolating the workload's network: %w", err)
+			}
+		}
+	}
+	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 }
 
 func start(ctx context.Context, e *Engine, r *Record, o Options) error {
@@ -164,7 +224,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	if err := e.c.ContainerStart(ctx, gate.ID, container.StartOptions{}); err != nil {
 		return fmt.Errorf("starting the gate: %w", err)
 	}
-	ca, err := waitGate(ctx, e, r, filepath.Join(gdir, "state", "ca.pem"))
+	ca, err := waitGate(ctx, e, r, filepath.Join(gdir, "state", "ca.pem"), time.Time{})
 	if err != nil {
 		return err
 	}
@@ -225,14 +285,14 @@ const gateServing = "gate service jailed and serving"
 
 // waitGate waits for the gate to serve, jailed, and returns the CA
 // certificate it wrote, for the workload to trust.
-func waitGate(ctx context.Context, e *Engine, r *Record, caPath string) ([]byte, error) {
+func waitGate(ctx context.Context, e *Engine, r *Record, caPath string, since time.Time) ([]byte, error) {
 	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 && strings.Contains(e.logs(ctx, r.gateName(), 50), gateServing) {
+		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 && strings.Contains(e.logs(ctx, r.gateName(), since, 50), gateServing) {
 			return b, nil
 		}
 		if up, _, err := e.running(ctx, r.gateName()); err == nil && !up {
-			return nil, fmt.Errorf("the gate stopped as it started: %s(see: docker logs %s)", e.logs(ctx, r.gateName(), 5), r.gateName())
+			return nil, fmt.Errorf("the gate stopped as it started: %s(see: docker logs %s)", e.logs(ctx, r.gateName(), since, 5), r.gateName())
 		}
 		select {
 		case <-ctx.Done():

@@ -196,6 +196,28 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("stopped containers start again as they were, isolated again", func(t *testing.T) {
+		s.must(t, "sh", "-c", "echo kept > /var/marker")
+		for _, c := range []string{workName, gateName} {
+			if err := s.dc.ContainerKill(ctx, c, "KILL"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if out := s.must(t, "cat", "/var/marker"); out != "kept\n" {
+			t.Errorf("after a restart /var/marker holds %q, want the workload's own file", out)
+		}
+		w, err := s.dc.ContainerInspect(ctx, workName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := dockerrt.Routes(w.State.Pid); err != nil || !slices.Equal(got, []netip.Prefix{subnet}) {
+			t.Errorf("restarted workload's routes = %v (%v), want only %s", got, err, subnet)
+		}
+		if out := s.must(t, "wget", "-q", "-O-", "http://allowed.test/"); out != "hello from allowed.test\n" {
+			t.Errorf("allowed.test through the restarted gate: %q", out)
+		}
+	})
+
 	t.Run("moat up refuses a Docker sandbox", func(t *testing.T) {
 		cmd := exec.Command(s.bin, "up", s.name)
 		cmd.Dir, cmd.Env = s.ws, s.env
