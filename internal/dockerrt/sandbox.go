@@ -188,7 +188,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	no := false
 	if _, err := e.c.NetworkCreate(ctx, r.internalNet(), network.CreateOptions{
 		Driver: "bridge", Internal: true, EnableIPv6: &no, Labels: labels,
-		IPAM: &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: hostAt(r.Subnet, 1).String()}}},
+		IPAM:    &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: hostAt(r.Subnet, 1).String()}}},
 		Options: map[string]string{"com.docker.network.bridge.name": r.Bridge},
 	}); err != nil {
 		return fmt.Errorf("creating the internal network: %w", err)

@@ -264,4 +264,3 @@ func grep(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
-
