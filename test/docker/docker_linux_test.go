@@ -4,8 +4,16 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/pem"
+	"math/big"
 	"fmt"
 	"io"
 	"net"
@@ -80,8 +88,14 @@ func workloadImage(t *testing.T, c *client.Client) string {
 	if err != nil {
 		t.Fatalf("reading /bin/busybox (apt-get install busybox-static): %v", err)
 	}
-	sum := sha256.Sum256(bb)
-	ref := "moat-test-busybox:" + hex.EncodeToString(sum[:6])
+	curl := curlFiles()
+	h := sha256.New()
+	h.Write(bb)
+	for _, f := range curl {
+		h.Write([]byte(f.name))
+		h.Write(f.data)
+	}
+	ref := "moat-test-busybox:" + hex.EncodeToString(h.Sum(nil)[:6])
 	ctx := context.Background()
 	if _, err := c.ImageInspect(ctx, ref); err == nil {
 		return ref
@@ -109,6 +123,13 @@ func workloadImage(t *testing.T, c *client.Client) string {
 			continue
 		}
 		tw.WriteHeader(&tar.Header{Name: applet, Typeflag: tar.TypeSymlink, Linkname: "/bin/busybox", Mode: 0o777})
+	}
+	// curl and its libraries, from the host, for HTTPS that verifies.
+	for _, d := range []string{"lib", "lib/x86_64-linux-gnu", "lib64"} {
+		dir(d, 0o755)
+	}
+	for _, f := range curl {
+		file(f.name, 0o755, f.data)
 	}
 	file("etc/passwd", 0o644, []byte("root:x:0:0:root:/root:/bin/sh\n"))
 	file("etc/group", 0o644, []byte("root:x:0:\n"))
@@ -174,7 +195,13 @@ func lockInet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Minute)
+	start := time.Now()
+	defer func() {
+		if d := time.Since(start); d > time.Second {
+			t.Logf("waited %s for %s", d.Round(time.Second), inetLock)
+		}
+	}()
+	deadline := start.Add(10 * time.Minute)
 	for syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
 		if time.Now().After(deadline) {
 			f.Close()
@@ -185,7 +212,36 @@ func lockInet(t *testing.T) {
 	t.Cleanup(func() { f.Close() })
 }
 
-func startUpstream(t *testing.T) *upstream {
+// testCA makes a CA and a leaf for allowed.test: the upstream's
+// certificate, which the gate verifies through [network] trust.
+func testCA(t *testing.T) (caPEM []byte, leaf tls.Certificate) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	ca := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "moat docker test CA"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, ca, ca, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ = x509.ParseCertificate(caDER)
+	lkey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "allowed.test"}, DNSNames: []string{"allowed.test"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(24 * time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	lDER, err := x509.CreateCertificate(rand.Reader, l, ca, &lkey.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{lDER}, PrivateKey: lkey}
+}
+
+func startUpstream(t *testing.T, leaf tls.Certificate) *upstream {
 	u := &upstream{}
 	lc := net.ListenConfig{Control: freebind}
 	ctx := context.Background()
@@ -221,6 +277,13 @@ func startUpstream(t *testing.T) *upstream {
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go hs.Serve(l)
 	t.Cleanup(func() { hs.Close() })
+	tl, err := lc.Listen(ctx, "tcp4", hostEnd+":443")
+	if err != nil {
+		t.Fatalf("listening for HTTPS on %s: %v", hostEnd, err)
+	}
+	hss := &http.Server{Handler: hs.Handler, ReadHeaderTimeout: 5 * time.Second}
+	go hss.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{leaf}}))
+	t.Cleanup(func() { hss.Close() })
 	return u
 }
 
@@ -282,7 +345,7 @@ func (s *sandbox) destroy(t *testing.T) {
 // newSandbox makes a workspace for a Docker sandbox; its egress network
 // is the documentation range, so it holds test/inet's lock until the
 // sandbox is destroyed.
-func newSandbox(t *testing.T, moatToml string) *sandbox {
+func newSandbox(t *testing.T, moatToml string, files map[string][]byte) *sandbox {
 	ready(t)
 	lockInet(t)
 	bin, err := moatBin()
@@ -302,7 +365,12 @@ func newSandbox(t *testing.T, moatToml string) *sandbox {
 	}
 	removeStale(t, dc)
 	name := fmt.Sprintf("dk%06x", time.Now().UnixNano()&0xffffff)
-	toml := strings.NewReplacer("IMAGE", img, "NAME", name).Replace(moatToml)
+	for f, b := range files {
+		if err := os.WriteFile(filepath.Join(ws, f), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	toml := strings.NewReplacer("IMAGE", img, "NAME", name, "WS", ws).Replace(moatToml)
 	if err := os.WriteFile(filepath.Join(ws, "moat.toml"), []byte(toml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -334,3 +402,49 @@ func removeStale(t *testing.T, dc *client.Client) {
 }
 
 var networkInspect = network.InspectOptions{}
+
+type imageFile struct {
+	name string // in the image, relative
+	data []byte
+}
+
+// curlFiles are the host's curl, the libraries ldd finds for it and the
+// dynamic loader, at the paths the loader searches in the image; none
+// when the host has no curl (the HTTPS check then says so).
+func curlFiles() []imageFile {
+	bin, err := exec.LookPath("curl")
+	if err != nil {
+		return nil
+	}
+	out, err := exec.Command("ldd", bin).Output()
+	if err != nil {
+		return nil
+	}
+	data, err := os.ReadFile(bin)
+	if err != nil {
+		return nil
+	}
+	files := []imageFile{{"usr/bin/curl", data}}
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.Fields(l)
+		var path string
+		switch {
+		case len(f) >= 3 && f[1] == "=>":
+			path = f[2]
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			path = f[0] // the loader
+		default:
+			continue
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return nil
+		}
+		name := "lib/x86_64-linux-gnu/" + filepath.Base(path)
+		if strings.Contains(path, "ld-linux") {
+			name = "lib64/" + filepath.Base(path)
+		}
+		files = append(files, imageFile{name, b})
+	}
+	return files
+}

@@ -20,13 +20,16 @@ runtime = "docker"
 
 [network]
 allow = ["allowed.test"]
+inspect = true
+trust = ["WS/upstream-ca.pem"]
 `
 
 // TestDockerSandbox runs one sandbox through every check: a cold start
 // costs seconds, the checks themselves little.
 func TestDockerSandbox(t *testing.T) {
-	s := newSandbox(t, policy)
-	up := startUpstream(t)
+	caPEM, leaf := testCA(t)
+	s := newSandbox(t, policy, map[string][]byte{"upstream-ca.pem": caPEM})
+	up := startUpstream(t, leaf)
 	start := time.Now()
 	s.must(t, "true")
 	t.Logf("cold start and a session: %s", time.Since(start).Round(time.Millisecond))
@@ -151,6 +154,25 @@ func TestDockerSandbox(t *testing.T) {
 		out, errs, code := s.run(t, time.Minute, "wget", "-S", "-O-", "http://denied.test/")
 		if code == 0 || !strings.Contains(errs, "403") {
 			t.Errorf("denied.test: exit %d, %s\n%s; want the gate's 403", code, errs, out)
+		}
+	})
+
+	t.Run("HTTPS through the gate's interception verifies with no flags", func(t *testing.T) {
+		if _, _, code := s.run(t, time.Minute, "sh", "-c", "command -v curl"); code != 0 {
+			t.Skip("the host has no curl to put in the workload image; apt-get install curl")
+		}
+		out, errs, code := s.run(t, time.Minute, "curl", "-sS", "https://allowed.test/")
+		if code != 0 || out != "hello from allowed.test\n" {
+			t.Errorf("curl https://allowed.test/: exit %d, %q, %s", code, out, errs)
+		}
+		// The leaf curl saw is the gate's, not the upstream's.
+		_, errs, _ = s.run(t, time.Minute, "curl", "-sSv", "-o", "/dev/null", "https://allowed.test/")
+		if !strings.Contains(errs, "issuer:") || strings.Contains(errs, "moat docker test CA") {
+			t.Errorf("curl -v shows no interception by the gate:\n%s", grep(errs, "issuer"))
+		}
+		out, _, code = s.run(t, time.Minute, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "https://denied.test/")
+		if out != "403" {
+			t.Errorf("curl https://denied.test/: exit %d, status %q; want the gate's 403", code, out)
 		}
 	})
 
