@@ -154,6 +154,14 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 			c.fail("sandbox.platform", "unknown platform %q; write \"auto\" (KVM where the host has it, else systrap), \"systrap\" or \"kvm\"", *r.Platform)
 		}
 	}
+	if r.IdleAction != nil {
+		switch *r.IdleAction {
+		case IdleSuspend, IdleStop:
+			s.IdleAction = r.IdleAction
+		default:
+			c.fail("sandbox.idle_action", "unknown idle action %q; write \"suspend\" (keep the processes, when the state's disk has room) or \"stop\"", *r.IdleAction)
+		}
+	}
 	if r.IdleTimeout != nil {
 		d, err := parseIdle(*r.IdleTimeout)
 		if err != nil {

@@ -129,6 +129,10 @@ type Sandbox struct {
 	// Platform is gVisor's platform as configured: "auto", "systrap" or
 	// "kvm"; "" is "auto" (runtime.ChoosePlatform).
 	Platform string `json:"platform,omitempty"`
+	// IdleAction is what the idle timeout does: IdleSuspend, IdleStop,
+	// or "" for suspend when the state's filesystem has room for the
+	// image, else stop (daemon/suspend_idle.go).
+	IdleAction string `json:"idle_action,omitempty"`
 }
 
 // Share is a host path mounted into the guest.
@@ -301,3 +305,10 @@ func Defaults() Config {
 		Env:     map[string]string{},
 	}
 }
+
+// The values of [sandbox] idle_action, persisted in the configuration
+// snapshot: frozen.
+const (
+	IdleSuspend = "suspend"
+	IdleStop    = "stop"
+)

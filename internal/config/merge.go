@@ -128,6 +128,8 @@ func (c *Config) mergeSandbox(f *File) {
 	}
 	setVal(&c.Sandbox.Platform, s.Platform)
 	set("sandbox.platform", s.Platform != nil)
+	setVal(&c.Sandbox.IdleAction, s.IdleAction)
+	set("sandbox.idle_action", s.IdleAction != nil)
 	if s.IdleTimeout != nil {
 		c.Sandbox.IdleTimeout = *s.IdleTimeout
 		c.Sandbox.IdleOff = *s.IdleTimeout == 0

@@ -63,6 +63,8 @@ type SandboxLayer struct {
 	DiskBytes *uint64
 	// Platform is gVisor's platform: "auto", "systrap" or "kvm".
 	Platform *string
+	// IdleAction is what the idle timeout does: "suspend" or "stop".
+	IdleAction *string
 }
 
 // ParseFile reads and parses path. A missing file is an error wrapping
@@ -143,6 +145,7 @@ type rawSandbox struct {
 	DaemonMax   *string `toml:"daemon_memory_max"`
 	Disk        *string `toml:"disk"`
 	Platform    *string `toml:"platform"`
+	IdleAction  *string `toml:"idle_action"`
 }
 
 type rawShare struct {
@@ -306,6 +309,7 @@ var wants = map[string]want{
 	"sandbox.daemon_memory_max": wantSize,
 	"sandbox.disk":              wantDisk,
 	"sandbox.platform":          wantString,
+	"sandbox.idle_action":       wantString,
 
 	// The gate's per-sandbox bounds.
 	"network.max_connections": wantInt,

@@ -79,6 +79,9 @@ type Options struct {
 	Files []config.CopyFile
 	// IdleTimeout stops the sandbox after that long idle (idle.go); 0: never.
 	IdleTimeout time.Duration
+	// IdleAction is [sandbox] idle_action: what the idle timeout does
+	// (suspend_idle.go).
+	IdleAction string
 	// SSHAgentKeys are the host agent's keys the guest may list and sign
 	// with ([ssh_agent] keys); none: the guest has no agent.
 	SSHAgentKeys []string

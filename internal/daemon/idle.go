@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/internal/state"
 )
 
 // Idle stop: a forgotten sandbox gives its memory back. Every interval the
@@ -158,7 +157,7 @@ func (d *daemon) watchIdle(ctx context.Context) {
 			d.idleMu.Unlock()
 			if clockDue && d.sess.close() {
 				d.log.Info("stopping an idle sandbox", "idle_for", now.Sub(clock.since).Round(time.Second), "timeout", timeout)
-				d.requestStop(state.StopIdle, nil)
+				d.parkIdle(ctx) // suspend_idle.go: suspend, or stop
 				return
 			}
 		}

@@ -38,8 +38,18 @@ const sessionsEndWait = 5 * time.Second
 
 // suspendStep is the gate process's "suspend" call: "begin" marks the
 // record suspending before the sessions are ended, "save" checkpoints.
+// Idle: asked by the idle watch, which the keeper may answer with a stop
+// (idleParking).
 type suspendStep struct {
 	Step string `json:"step"`
+	Idle bool   `json:"idle,omitempty"`
+}
+
+// suspendBegun is the keeper's answer to "begin": Stop when an idle
+// suspend is refused, and why.
+type suspendBegun struct {
+	Stop bool   `json:"stop,omitempty"`
+	Why  string `json:"why,omitempty"`
 }
 
 // suspendSaved is the keeper's answer to "save".
@@ -100,7 +110,15 @@ func (d *daemon) serveSuspend(body json.RawMessage) (any, []*os.File, error) {
 	}
 	switch s.Step {
 	case "begin":
-		return nil, nil, d.updateRecord(func(r *state.Record) error { r.State = state.StateSuspending; return nil })
+		if s.Idle {
+			suspend, why := idleParking(d.o.IdleAction, d.stateFreeBytes(), d.guestBytes())
+			if !suspend {
+				d.log.Info("idle: stopping, not suspending", "why", why)
+				return suspendBegun{Stop: true, Why: why}, nil, nil
+			}
+			d.log.Info("idle: suspending", "why", why)
+		}
+		return suspendBegun{}, nil, d.updateRecord(func(r *state.Record) error { r.State = state.StateSuspending; return nil })
 	case "abort":
 		running()
 		return nil, nil, nil
@@ -199,28 +217,69 @@ func (d *daemon) handleSuspend(w http.ResponseWriter, r *http.Request) {
 		refuse(http.StatusConflict, "the sandbox is still starting; suspend it once it runs")
 		return
 	}
-	if !suspendBusy.CompareAndSwap(false, true) {
-		refuse(http.StatusConflict, "a suspend of this sandbox is already under way")
-		return
-	}
-	defer suspendBusy.Store(false)
-	ctx, cancel := context.WithTimeout(r.Context(), suspendTimeout+time.Minute)
-	defer cancel()
-	if _, err := d.keeper.call(ctx, "suspend", suspendStep{Step: "begin"}, nil); err != nil {
+	ended, saved, err := d.suspendSandbox(r.Context(), false)
+	var refused refusal
+	switch {
+	case errors.As(err, &refused):
 		refuse(http.StatusConflict, err.Error())
 		return
-	}
-	ended := d.endSessions()
-	var saved suspendSaved
-	if _, err := d.keeper.call(ctx, "suspend", suspendStep{Step: "save"}, &saved); err != nil {
-		d.sess.mu.Lock()
-		d.sess.closing = false
-		d.sess.mu.Unlock()
+	case err != nil:
 		refuse(http.StatusInternalServerError, fmt.Sprintf("suspending: %v; the sandbox keeps running", err))
 		return
 	}
 	d.log.Info("sandbox suspended", "sessions_ended", ended, "image_bytes", saved.ImageBytes)
 	writeJSON(w, http.StatusOK, control.SuspendAnswer{Schema: control.Schema, Sessions: ended, ImageBytes: saved.ImageBytes})
+}
+
+// refusal is a suspend refused before anything was done.
+type refusal struct{ error }
+
+// suspendSandbox ends the sessions and has the keeper save the guest, in
+// the gate process; the keeper stops the sandbox once it answers. idle:
+// asked by the idle watch (errIdleStop when the keeper decides to stop
+// instead).
+func (d *daemon) suspendSandbox(ctx context.Context, idle bool) (int, suspendSaved, error) {
+	var saved suspendSaved
+	if !suspendBusy.CompareAndSwap(false, true) {
+		return 0, saved, refusal{errors.New("a suspend of this sandbox is already under way")}
+	}
+	defer suspendBusy.Store(false)
+	ctx, cancel := context.WithTimeout(ctx, suspendTimeout+time.Minute)
+	defer cancel()
+	var begun suspendBegun
+	if _, err := d.keeper.call(ctx, "suspend", suspendStep{Step: "begin", Idle: idle}, &begun); err != nil {
+		return 0, saved, refusal{err}
+	}
+	if begun.Stop {
+		return 0, saved, fmt.Errorf("%w: %s", errIdleStop, begun.Why)
+	}
+	ended := d.endSessions()
+	if _, err := d.keeper.call(ctx, "suspend", suspendStep{Step: "save"}, &saved); err != nil {
+		d.sess.mu.Lock()
+		d.sess.closing = false
+		d.sess.mu.Unlock()
+		return ended, saved, err
+	}
+	return ended, saved, nil
+}
+
+// stateFreeBytes is the free space of the state's filesystem, for an
+// unprivileged writer (0 when it cannot be read: no room).
+func (d *daemon) stateFreeBytes() uint64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(d.o.Dir, &st); err != nil {
+		return 0
+	}
+	return st.Bavail * uint64(st.Bsize)
+}
+
+// guestBytes is the sandbox's memory in use, from its cgroup; 0 when
+// unknown.
+func (d *daemon) guestBytes() uint64 {
+	if r := d.resourceStatus(); r != nil {
+		return r.MemoryUsageBytes
+	}
+	return 0
 }
 
 // endSessions ends every attached session, and lets no new one attach:

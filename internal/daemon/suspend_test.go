@@ -70,3 +70,25 @@ func TestStoppedState(t *testing.T) {
 		}
 	}
 }
+
+func TestIdleParking(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		action      string
+		free, guest uint64
+		want        bool
+	}{
+		{"", 8 << 30, 100 * mib, true},                    // room: the default suspends
+		{"", idleReserveBytes + 50*mib, 100 * mib, false}, // no room for the image and the reserve
+		{"", idleReserveBytes + 100*mib, 100 * mib, true}, // just enough
+		{"", 2 << 30, 0, false},                           // unknown guest: the default ceiling must fit
+		{"suspend", idleReserveBytes, 100 * mib, false},   // asked for, but the disk would fill
+		{"suspend", 8 << 30, 100 * mib, true},
+		{"stop", 1 << 40, 100 * mib, false}, // asked to stop, whatever the room
+	} {
+		got, why := idleParking(tc.action, tc.free, tc.guest)
+		if got != tc.want || why == "" {
+			t.Errorf("idleParking(%q, %d MiB free, %d MiB in use) = %v (%s), want %v", tc.action, tc.free/mib, tc.guest/mib, got, why, tc.want)
+		}
+	}
+}

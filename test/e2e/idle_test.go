@@ -22,7 +22,10 @@ const (
 
 var idleKnobs = []string{"MOAT_IDLE_INTERVAL=200ms", "MOAT_IDLE_TIMEOUT=" + idleTimeout.String()}
 
-const idleToml = `[network]
+const idleToml = `[sandbox]
+idle_action = "stop" # suspend_test.go parks with suspend
+
+[network]
 use = ["none"]
 allow = ["stream-idle.test"]
 

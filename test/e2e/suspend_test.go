@@ -233,6 +233,54 @@ func TestSuspendResume(t *testing.T) {
 		}
 	})
 
+	t.Run("idle_park_suspends_and_a_command_wakes_it", func(t *testing.T) {
+		// Short idle knobs need a new daemon: a fresh start, on_up and all.
+		mustMoat(t, dir, "down", name)
+		if r := moat(t, dir, []string{"MOAT_IDLE_INTERVAL=200ms", "MOAT_IDLE_TIMEOUT=1200ms"}, "up", name); r.code != 0 {
+			t.Fatalf("up with short idle knobs: exit %d, stderr %q", r.code, r.stderr)
+		}
+		// A background process slow enough for the sandbox to count as
+		// idle (on_up's fast counter is stopped), and not one on_up starts:
+		// a cold start after the park would not bring it back.
+		mustMoat(t, dir, "exec", name, "--", "sh", "-c",
+			`pkill -f "echo \$i > /tmp/count"; setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/slow; sleep 1; done' </dev/null >/dev/null 2>&1`)
+		slow := func() int {
+			t.Helper()
+			out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/slow"))
+			n, err := strconv.Atoi(out)
+			if err != nil {
+				t.Fatalf("/tmp/slow reads %q", out)
+			}
+			return n
+		}
+		time.Sleep(1500 * time.Millisecond)
+		before := slow()
+		deadline := time.Now().Add(30 * time.Second)
+		st := ""
+		for time.Now().Before(deadline) {
+			if st = sandboxState(t, dir, name); st == "suspended" {
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if st != "suspended" {
+			log, _ := os.ReadFile(filepath.Join(stateDir, "daemon.log"))
+			t.Fatalf("not parked as suspended within 30 s of idleness: %s\n%s", st, log)
+		}
+		after := slow()
+		if after < before {
+			t.Fatalf("the background counter reads %d after the wake, %d before the park", after, before)
+		}
+		later := after
+		for i := 0; i < 40 && later == after; i++ {
+			time.Sleep(100 * time.Millisecond)
+			later = slow()
+		}
+		if later <= after {
+			t.Fatalf("the background counter stays at %d after the wake: the process did not survive the park", after)
+		}
+	})
+
 	t.Run("destroy_removes_the_image", func(t *testing.T) {
 		mustMoat(t, dir, "suspend", name)
 		if _, err := os.Stat(filepath.Join(stateDir, "suspend")); err != nil {
@@ -286,4 +334,22 @@ func waitSessions(t *testing.T, dir, name string, n int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("the sandbox did not count %d attached session(s) within 20 s", n)
+}
+
+// sandboxState is the sandbox's state as moat list --json says it.
+func sandboxState(t *testing.T, dir, name string) string {
+	t.Helper()
+	var list struct {
+		Sandboxes []struct {
+			Name  string `json:"name"`
+			State string `json:"state"`
+		} `json:"sandboxes"`
+	}
+	json.Unmarshal([]byte(moat(t, dir, nil, "list", "--json").stdout), &list)
+	for _, s := range list.Sandboxes {
+		if s.Name == name {
+			return s.State
+		}
+	}
+	return ""
 }
