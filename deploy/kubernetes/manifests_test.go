@@ -288,7 +288,7 @@ func checkGatePod(t *testing.T, d *appsv1.Deployment) *corev1.Container {
 	} else {
 		// Each one the jail's set-up needs; the manifest says why, and the
 		// gate drops them all once jailed. Anything else is a mistake.
-		want := []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "KILL", "NET_BIND_SERVICE", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"}
+		want := []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "NET_BIND_SERVICE", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"}
 		got := slices.Sorted(slices.Values(sc.Capabilities.Add))
 		if !slices.Equal(got, want) {
 			t.Errorf("gate container: capabilities add %v, want exactly %v", got, want)
