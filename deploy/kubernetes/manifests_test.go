@@ -288,6 +288,8 @@ func checkGatePod(t *testing.T, d *appsv1.Deployment) *corev1.Container {
 	} else {
 		// Each one the jail's set-up needs; the manifest says why, and the
 		// gate drops them all once jailed. Anything else is a mistake.
+		// (Spelled without CAP_: the API refuses CAP_SYS_ADMIN beside
+		// allowPrivilegeEscalation false.)
 		want := []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "KILL", "NET_BIND_SERVICE", "SETGID", "SETPCAP", "SETUID", "SYS_ADMIN"}
 		got := slices.Sorted(slices.Values(sc.Capabilities.Add))
 		if !slices.Equal(got, want) {
