@@ -290,6 +290,7 @@ func startUpstream(t *testing.T, leaf tls.Certificate) *upstream {
 // sandbox is one Docker sandbox of a test, in a workspace and MOAT_HOME
 // of its own.
 type sandbox struct {
+	home      string // MOAT_HOME
 	bin, ws   string
 	env       []string
 	name      string
@@ -374,7 +375,7 @@ func newSandbox(t *testing.T, moatToml string, files map[string][]byte) *sandbox
 	if err := os.WriteFile(filepath.Join(ws, "moat.toml"), []byte(toml), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := &sandbox{bin: bin, ws: ws, dc: dc, name: name,
+	s := &sandbox{home: filepath.Join(root, "home"), bin: bin, ws: ws, dc: dc, name: name,
 		env: append(os.Environ(), "MOAT_HOME="+filepath.Join(root, "home"),
 			"MOAT_DOCKER_EGRESS_SUBNET="+egress.String(), "MOAT_UPSTREAM_DNS="+hostEnd+":53")}
 	t.Cleanup(func() { s.destroy(t) })

@@ -2,8 +2,11 @@ package docker
 
 import (
 	"context"
+	"encoding/json"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -173,6 +176,44 @@ func TestDockerSandbox(t *testing.T) {
 		out, _, code = s.run(t, time.Minute, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "https://denied.test/")
 		if out != "403" {
 			t.Errorf("curl https://denied.test/: exit %d, status %q; want the gate's 403", code, out)
+		}
+	})
+
+	t.Run("a denial is audited with the step that refused it", func(t *testing.T) {
+		logs, _ := filepath.Glob(filepath.Join(s.home, "*", "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl"))
+		logs2, _ := filepath.Glob(filepath.Join(s.home, "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl"))
+		logs = append(logs, logs2...)
+		if len(logs) != 1 {
+			t.Fatalf("the gate's audit log for the workload: found %v under %s", logs, s.home)
+		}
+		// Written as the requests end; a few seconds at most.
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			b, err := os.ReadFile(logs[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found bool
+			for _, l := range strings.Split(string(b), "\n") {
+				var rec struct {
+					Proto      string `json:"proto"`
+					Name       string `json:"name"`
+					Verdict    string `json:"verdict"`
+					RejectedBy string `json:"rejected_by"`
+				}
+				// The connection's record, not the DNS answer's.
+				if json.Unmarshal([]byte(l), &rec) == nil && rec.Name == "denied.test" && rec.Proto != "dns" &&
+					rec.Verdict == "deny" && rec.RejectedBy == "policy" {
+					found = true
+				}
+			}
+			if found {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no record for denied.test with rejected_by policy in %s:\n%s", logs[0], b)
+			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	})
 
