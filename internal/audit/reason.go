@@ -215,6 +215,15 @@ func DNSPooled(qtype string) Reason {
 	return Reason(qtype + ": answered from the private pool, not sent upstream")
 }
 
+// DNSFront: a query of qtype answered with the gate service's own
+// address (gate.DNSServer.HandleAt); a denied name is never sent upstream.
+func DNSFront(qtype string, allowed bool) Reason {
+	if allowed {
+		return Reason(qtype + ": resolved upstream, answered with the gate's own address")
+	}
+	return Reason(qtype + ": answered with the gate's own address, not sent upstream")
+}
+
 // DNSFailed: a query of qtype that failed or was refused (err says why).
 func DNSFailed(qtype, err string) Reason { return Reason(qtype + ": " + err) }
 

@@ -56,6 +56,7 @@ type DNSEvent struct {
 	Layer   string
 	Answers []netip.Addr
 	Pool    bool   // the answer came from the private pool
+	Front   bool   // the answer is the front end's own address (HandleAt)
 	Rcode   string // "NOERROR", "NXDOMAIN", ...; "" when dropped
 	Err     string // why the query failed or was not answered
 }
@@ -171,14 +172,13 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent, fron
 			s.answerResolved(ctx, q, name, resp, ev)
 			if front.Is4() && len(resp.Answer) > 0 {
 				resp.Answer = []dns.RR{aRecord(q.Name, front, resp.Answer[0].Header().Ttl)}
-				ev.Answers = []netip.Addr{front}
+				ev.Answers, ev.Front = []netip.Addr{front}, true
 			}
 		case front.Is4():
 			// A denied name comes to the gate too, which refuses the
 			// connection legibly (a 403 page) and audits it by name.
 			resp.Answer = append(resp.Answer, aRecord(q.Name, front, uint32(poolTTL/time.Second)))
-			ev.Answers = []netip.Addr{front}
-			ev.Pool = true
+			ev.Answers, ev.Front = []netip.Addr{front}, true
 		default:
 			s.answerPool(q, name, resp, ev)
 		}

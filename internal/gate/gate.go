@@ -358,6 +358,9 @@ func (g *Gate) auditDNS(e DNSEvent) {
 	if e.Pool {
 		r.Reason = audit.DNSPooled(e.QType)
 	}
+	if e.Front {
+		r.Reason = audit.DNSFront(e.QType, e.Verdict == audit.Allow)
+	}
 	if e.Err != "" {
 		r.Reason = audit.DNSFailed(e.QType, e.Err)
 	}

@@ -55,6 +55,7 @@ trust = ["%[1]s"]
 [secrets.API_TOKEN]
 from = "env:MOAT_GATESERVE_TEST_TOKEN"
 hosts = ["secret.test"]
+require = true
 `
 
 const betaRules = `
@@ -264,6 +265,17 @@ func TestService(t *testing.T) {
 		}
 		if strings.Contains(resp.body, f.canary) || strings.Contains(resp.header, f.canary) {
 			t.Errorf("the echoed value reached the client unscrubbed")
+		}
+		// require: a substitute token to the bound host is refused by
+		// the secrets step, and never reaches it.
+		hits := f.secretSrv.Hits()
+		sub := get(t, a.client(t, f.roots), "https://secret.test/substitute", map[string]string{"Authorization": "Bearer sk-substitute-token"})
+		if sub.status != http.StatusForbidden || f.secretSrv.Hits() != hits {
+			t.Errorf("a substitute token to secret.test: %d, upstream hits %d -> %d; want 403 and none", sub.status, hits, f.secretSrv.Hits())
+		}
+		rec := waitRecord(t, f.cfg.Tenants[0].Audit, func(r audit.Record) bool { return r.Path == "/substitute" })
+		if rec.Verdict != audit.Deny || rec.RejectedBy != audit.StepSecrets {
+			t.Errorf("the substitute's record: verdict %s, rejected_by %q; want deny by %s", rec.Verdict, rec.RejectedBy, audit.StepSecrets)
 		}
 		resp = get(t, a.client(t, f.roots), "https://other.test/", hdr)
 		if resp.status != 200 {
