@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	toml "github.com/pelletier/go-toml/v2"
@@ -87,7 +89,20 @@ func GateConfig(gate, workload netip.Addr, upstream []netip.AddrPort) []byte {
 }
 
 // gateTables are the tables of moat.toml the gate service reads.
-var gateTables = []string{"network", "policies", "audit"}
+var gateTables = []string{"network", "policies", "audit", "secrets"}
+
+// Policy is the tenant's policy file and what the gate container needs
+// for it.
+type Policy struct {
+	TOML []byte
+	// SecretFiles are the files of file: secrets, which the gate
+	// container gets read-only at the same paths: never copied.
+	SecretFiles []string
+	// Dropped names the secrets left out: an env: or command: source
+	// would have to reach the gate through its environment, which
+	// `docker inspect` shows.
+	Dropped []string
+}
 
 // PolicyFile makes the tenant's policy from moat.toml-syntax files,
 // lowest layer first: their [network], [policies] and [audit] tables, in
@@ -95,20 +110,33 @@ var gateTables = []string{"network", "policies", "audit"}
 // files' lists after earlier ones' as config.Merge would union them.
 // trust maps each [network] trust path to the path the gate sees it at.
 //
-// [secrets] are left out: the gate service reads a secret's value from its
-// own environment or files, and a container's environment is visible to
-// `docker inspect`; secrets on Docker wait for a way to hand them over
-// (docs/docker.md).
-func PolicyFile(files map[string][]byte, order []string, trust func(string) (string, error)) ([]byte, bool, error) {
+// [secrets] read from a file (from = "file:/path") are kept, and a
+// narrower file's secret replaces a wider one's whole, as config.Merge
+// does; the others are dropped: the gate service reads an env: secret
+// from its own environment, and a container's environment is visible to
+// `docker inspect` (docs/docker.md).
+func PolicyFile(files map[string][]byte, order []string, trust func(string) (string, error)) (*Policy, error) {
 	merged := map[string]any{}
-	var dropped bool
+	pol := &Policy{}
 	for _, name := range order {
 		var doc map[string]any
 		if err := toml.Unmarshal(files[name], &doc); err != nil {
-			return nil, false, fmt.Errorf("reading %s: %w", name, err)
+			return nil, fmt.Errorf("reading %s: %w", name, err)
 		}
-		if _, ok := doc["secrets"]; ok {
-			dropped = true
+		if secs, ok := doc["secrets"].(map[string]any); ok {
+			for k, v := range secs {
+				from, _ := v.(map[string]any)["from"].(string)
+				if path, ok := strings.CutPrefix(from, "file:"); ok && filepath.IsAbs(path) {
+					pol.SecretFiles = append(pol.SecretFiles, filepath.Clean(path))
+					continue
+				}
+				pol.Dropped = append(pol.Dropped, k)
+				delete(secs, k)
+				// A wider file's secret of that name is replaced, not kept.
+				if m, ok := merged["secrets"].(map[string]any); ok {
+					delete(m, k)
+				}
+			}
 		}
 		for _, t := range gateTables {
 			sub, ok := doc[t].(map[string]any)
@@ -128,13 +156,13 @@ func PolicyFile(files map[string][]byte, order []string, trust func(string) (str
 						s, _ := p.(string)
 						q, err := trust(s)
 						if err != nil {
-							return nil, false, err
+							return nil, err
 						}
 						out = append(out, q)
 					}
 					v = out
 				}
-				if old, ok := dst[k].([]any); ok {
+				if old, ok := dst[k].([]any); ok && t != "secrets" {
 					if nv, ok := v.([]any); ok {
 						v = append(append([]any{}, old...), nv...)
 					}
@@ -143,6 +171,16 @@ func PolicyFile(files map[string][]byte, order []string, trust func(string) (str
 			}
 		}
 	}
+	if s, ok := merged["secrets"].(map[string]any); ok && len(s) == 0 {
+		delete(merged, "secrets")
+	}
 	b, err := toml.Marshal(merged)
-	return b, dropped, err
+	if err != nil {
+		return nil, err
+	}
+	pol.TOML = b
+	slices.Sort(pol.SecretFiles)
+	pol.SecretFiles = slices.Compact(pol.SecretFiles)
+	slices.Sort(pol.Dropped)
+	return pol, nil
 }

@@ -60,24 +60,41 @@ func TestGateConfig(t *testing.T) {
 
 func TestPolicyFile(t *testing.T) {
 	files := map[string][]byte{
-		"user":    []byte("[network]\nallow = [\"a.test\"]\n[sandbox]\ncpus = 2\n"),
-		"project": []byte("[sandbox]\nruntime = \"docker\"\n[network]\nallow = [\"b.test\"]\nblock = [\"c.test\"]\n[secrets.TOKEN]\nfrom = \"env:TOKEN\"\nhosts = [\"a.test\"]\n[audit]\nmax_size = \"1MiB\"\n"),
+		"user": []byte("[network]\nallow = [\"a.test\"]\n[sandbox]\ncpus = 2\n" +
+			"[secrets.GONE]\nfrom = \"file:/etc/gone\"\nhosts = [\"a.test\"]\n"),
+		"project": []byte("[sandbox]\nruntime = \"docker\"\n[network]\nallow = [\"b.test\"]\nblock = [\"c.test\"]\n" +
+			"[secrets.TOKEN]\nfrom = \"env:TOKEN\"\nhosts = [\"a.test\"]\n" +
+			"[secrets.GONE]\nfrom = \"env:GONE\"\nhosts = [\"a.test\"]\n" +
+			"[secrets.KEY]\nfrom = \"file:/run/key\"\nhosts = [\"b.test\"]\n[audit]\nmax_size = \"1MiB\"\n"),
 	}
 	var asked []string
 	trust := func(p string) (string, error) { asked = append(asked, p); return "/moat-gate/trust/1.pem", nil }
-	b, dropped, err := PolicyFile(files, []string{"user", "project"}, trust)
+	pol, err := PolicyFile(files, []string{"user", "project"}, trust)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !dropped {
-		t.Error("a [secrets] table was dropped without saying so")
+	// An env: secret would need the container's environment; a wider
+	// file's secret of the same name is replaced, not kept.
+	if want := []string{"GONE", "TOKEN"}; !slices.Equal(pol.Dropped, want) {
+		t.Errorf("dropped = %v, want %v", pol.Dropped, want)
 	}
-	f, err := config.Parse("/moat-gate/policy.toml", b)
+	if want := []string{"/etc/gone", "/run/key"}; !slices.Equal(pol.SecretFiles, want) {
+		t.Errorf("secret files = %v, want %v", pol.SecretFiles, want)
+	}
+	var raw struct{ Secrets map[string]any }
+	if err := toml.Unmarshal(pol.TOML, &raw); err != nil {
+		t.Fatal(err)
+	}
+	if got := keysOf(raw.Secrets); !slices.Equal(got, []string{"KEY"}) {
+		t.Errorf("secrets in the policy = %v, want [KEY]:\n%s", got, pol.TOML)
+	}
+	// Parsed as the service does (config.Parse reads no secret values).
+	f, err := config.Parse("/moat-gate/policy.toml", pol.TOML)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, b)
+		t.Fatalf("%v\n%s", err, pol.TOML)
 	}
-	if f.Sandbox != (config.SandboxLayer{}) || len(f.Secrets) != 0 {
-		t.Errorf("policy keeps tables the service refuses:\n%s", b)
+	if f.Sandbox != (config.SandboxLayer{}) {
+		t.Errorf("policy keeps [sandbox], which the service refuses:\n%s", pol.TOML)
 	}
 	c := config.Merge(f)
 	if got, want := c.Network.Allow, []string{"a.test", "b.test"}; !slices.Equal(got, want) {
@@ -91,15 +108,24 @@ func TestPolicyFile(t *testing.T) {
 	}
 	// A trust path becomes the gate's copy.
 	files["user"] = []byte("[network]\ntrust = [\"/etc/corp.pem\"]\n")
-	b, _, err = PolicyFile(files, []string{"user"}, trust)
+	pol, err = PolicyFile(files, []string{"user"}, trust)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var doc struct{ Network struct{ Trust []string } }
-	if err := toml.Unmarshal(b, &doc); err != nil {
+	if err := toml.Unmarshal(pol.TOML, &doc); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(asked, []string{"/etc/corp.pem"}) || !slices.Equal(doc.Network.Trust, []string{"/moat-gate/trust/1.pem"}) {
 		t.Errorf("trust: asked %v, got %v", asked, doc.Network.Trust)
 	}
+}
+
+func keysOf(m map[string]any) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
 }

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -127,7 +128,7 @@ func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workU
 	}
 	if !gateUp {
 		since := time.Now()
-		if _, err := writeGateDir(r, o); err != nil {
+		if _, _, err := writeGateDir(r, o); err != nil {
 			return err
 		}
 		if err := e.c.ContainerStart(ctx, r.gateName(), container.StartOptions{}); err != nil {
@@ -180,7 +181,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	if err := r.Save(o.Dir); err != nil {
 		return err
 	}
-	gdir, err := writeGateDir(r, o)
+	gdir, gateBinds, err := writeGateDir(r, o)
 	if err != nil {
 		return err
 	}
@@ -208,7 +209,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	gate, err := e.c.ContainerCreate(ctx, &container.Config{
 		Image: r.GateImage, Cmd: []string{"gate", "serve", "--config", gateConfig}, Labels: labels,
 	}, &container.HostConfig{
-		Binds:       []string{gdir + ":" + gateDir},
+		Binds:       gateBinds,
 		NetworkMode: container.NetworkMode(r.egressNet()),
 		CapAdd:      []string{"SYS_ADMIN"},
 		SecurityOpt: []string{"seccomp=unconfined", "apparmor=unconfined"},
@@ -328,10 +329,13 @@ func waitAgent(ctx context.Context, ap netip.AddrPort) error {
 // writeGateDir writes gate/ in the sandbox's state directory: the
 // service's configuration and the tenant's policy, with the [network]
 // trust files copied beside it (the gate sees nothing else of the host).
-func writeGateDir(r *Record, o Options) (string, error) {
+//
+// It returns the directory and the gate container's binds: the directory
+// and, read-only at their own paths, the files of file: secrets.
+func writeGateDir(r *Record, o Options) (string, []string, error) {
 	dir := filepath.Join(o.Dir, "gate")
 	if err := os.MkdirAll(filepath.Join(dir, "trust"), 0o755); err != nil {
-		return "", err
+		return "", nil, err
 	}
 	// Read again as service.uid on reload.
 	os.Chmod(dir, 0o755)
@@ -343,7 +347,7 @@ func writeGateDir(r *Record, o Options) (string, error) {
 			continue
 		}
 		if err != nil {
-			return "", err
+			return "", nil, err
 		}
 		files[p], order = b, append(order, p)
 	}
@@ -360,26 +364,43 @@ func writeGateDir(r *Record, o Options) (string, error) {
 		}
 		return gateDir + "/" + name, nil
 	}
-	pol, dropped, err := PolicyFile(files, order, trust)
+	pol, err := PolicyFile(files, order, trust)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	if dropped {
-		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: [secrets] are not handed to the gate yet; requests carry no credentials (docs/docker.md)\n", r.Name)
+	if len(pol.Dropped) > 0 {
+		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: secrets %s are not handed to the gate (only from = \"file:...\" secrets are; an env: value would sit in the container's environment, which docker inspect shows); requests carry their placeholders unchanged\n",
+			r.Name, strings.Join(pol.Dropped, ", "))
 	}
-	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol, 0o644); err != nil {
-		return "", err
+	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol.TOML, 0o644); err != nil {
+		return "", nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
-		return "", err
+		return "", nil, err
 	}
-	return dir, nil
+	binds := []string{dir + ":" + gateDir}
+	for _, f := range pol.SecretFiles {
+		binds = append(binds, f+":"+f+":ro")
+	}
+	return dir, binds, nil
 }
 
 // writeGuestDir completes guest/ (which holds the agent's host key) with
 // the guest's configuration, the gate's CA and moat itself.
 func writeGuestDir(dir string, r *Record, o Options, ca []byte) error {
 	g := *o.Guest
+	// The secrets' placeholders, which the gate wrote for its tenant's
+	// clients (never the values): every session's environment.
+	ph, err := os.ReadFile(filepath.Join(o.Dir, "gate", "state", "placeholders", tenant+".env"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, l := range strings.Split(string(ph), "\n") {
+		l = strings.TrimSpace(l)
+		if k, _, ok := strings.Cut(l, "="); ok && k != "" && !strings.HasPrefix(k, "#") {
+			g.Env = append(slices.Clone(g.Env), l)
+		}
+	}
 	g.Listen = netip.AddrPortFrom(r.WorkloadIP, 22).String()
 	g.Nameserver = r.GateIP.String()
 	g.CAFile = guestspec.CAFile

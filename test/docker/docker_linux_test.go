@@ -158,6 +158,13 @@ func workloadImage(t *testing.T, c *client.Client) string {
 type upstream struct {
 	mu    sync.Mutex
 	asked []string
+	auth  []string // the Authorization headers /echo received
+}
+
+func (u *upstream) auths() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.auth...)
 }
 
 func (u *upstream) questions() []string {
@@ -165,6 +172,10 @@ func (u *upstream) questions() []string {
 	defer u.mu.Unlock()
 	return append([]string(nil), u.asked...)
 }
+
+// served are the names the upstream serves: allowed.test over HTTPS
+// with a bound secret, plain.test over HTTP.
+func served(fqdn string) bool { return fqdn == "allowed.test." || fqdn == "plain.test." }
 
 // egress is the egress network's subnet in these tests: a documentation
 // range, which the gate does not refuse (internal/policy/special.go), on
@@ -256,12 +267,12 @@ func startUpstream(t *testing.T, leaf tls.Certificate) *upstream {
 			u.mu.Lock()
 			u.asked = append(u.asked, qq.Name)
 			u.mu.Unlock()
-			if qq.Name == "allowed.test." && qq.Qtype == dns.TypeA {
-				rr, _ := dns.NewRR("allowed.test. 60 IN A " + hostEnd)
+			if served(qq.Name) && qq.Qtype == dns.TypeA {
+				rr, _ := dns.NewRR(qq.Name + " 60 IN A " + hostEnd)
 				m.Answer = append(m.Answer, rr)
 			}
 		}
-		if len(m.Answer) == 0 && q.Question[0].Name != "allowed.test." {
+		if len(m.Answer) == 0 && !served(q.Question[0].Name) {
 			m.Rcode = dns.RcodeNameError
 		}
 		w.WriteMsg(m)
@@ -273,6 +284,13 @@ func startUpstream(t *testing.T, leaf tls.Certificate) *upstream {
 		t.Fatalf("listening for HTTP on %s: %v", hostEnd, err)
 	}
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/echo" {
+			u.mu.Lock()
+			u.auth = append(u.auth, r.Header.Get("Authorization"))
+			u.mu.Unlock()
+			fmt.Fprintf(w, "%s\n", r.Header.Get("Authorization"))
+			return
+		}
 		fmt.Fprintf(w, "hello from %s\n", r.Host)
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go hs.Serve(l)

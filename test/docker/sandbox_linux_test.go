@@ -1,8 +1,10 @@
 package docker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/docker/docker/api/types/container"
+	"github.com/docker/docker/pkg/stdcopy"
+
 	"moat.dev/moat/internal/dockerrt"
 )
 
@@ -22,16 +27,21 @@ image = "IMAGE"
 runtime = "docker"
 
 [network]
-allow = ["allowed.test"]
+allow = ["allowed.test", "plain.test"]
 inspect = true
 trust = ["WS/upstream-ca.pem"]
+
+[secrets.API_TOKEN]
+from = "file:WS/token"
+hosts = ["allowed.test"]
 `
 
 // TestDockerSandbox runs one sandbox through every check: a cold start
 // costs seconds, the checks themselves little.
 func TestDockerSandbox(t *testing.T) {
 	caPEM, leaf := testCA(t)
-	s := newSandbox(t, policy, map[string][]byte{"upstream-ca.pem": caPEM})
+	secret := fmt.Sprintf("moat-docker-test-secret-%d", time.Now().UnixNano())
+	s := newSandbox(t, policy, map[string][]byte{"upstream-ca.pem": caPEM, "token": []byte(secret + "\n")})
 	up := startUpstream(t, leaf)
 	start := time.Now()
 	s.must(t, "true")
@@ -132,8 +142,8 @@ func TestDockerSandbox(t *testing.T) {
 			t.Errorf("Docker's embedded resolver answers:\n%s", out)
 		}
 		for _, q := range up.questions() {
-			if q != "allowed.test." {
-				t.Errorf("the upstream resolver was asked %q; only the allowed name may leave", q)
+			if !served(q) {
+				t.Errorf("the upstream resolver was asked %q; only allowed names may leave", q)
 			}
 		}
 	})
@@ -150,9 +160,9 @@ func TestDockerSandbox(t *testing.T) {
 	})
 
 	t.Run("an allowed host through the gate", func(t *testing.T) {
-		out := s.must(t, "wget", "-q", "-O-", "http://allowed.test/")
-		if out != "hello from allowed.test\n" {
-			t.Errorf("allowed.test through the gate: %q", out)
+		out := s.must(t, "wget", "-q", "-O-", "http://plain.test/")
+		if out != "hello from plain.test\n" {
+			t.Errorf("plain.test through the gate: %q", out)
 		}
 		out, errs, code := s.run(t, time.Minute, "wget", "-S", "-O-", "http://denied.test/")
 		if code == 0 || !strings.Contains(errs, "403") {
@@ -176,6 +186,41 @@ func TestDockerSandbox(t *testing.T) {
 		out, _, code = s.run(t, time.Minute, "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}", "https://denied.test/")
 		if out != "403" {
 			t.Errorf("curl https://denied.test/: exit %d, status %q; want the gate's 403", code, out)
+		}
+	})
+
+	t.Run("a file secret's placeholder becomes its value for the bound host only", func(t *testing.T) {
+		if _, _, code := s.run(t, time.Minute, "sh", "-c", "command -v curl"); code != 0 {
+			t.Skip("the host has no curl to put in the workload image; apt-get install curl")
+		}
+		ph := strings.TrimSpace(s.must(t, "sh", "-c", "echo $API_TOKEN"))
+		if ph == "" || strings.Contains(ph, secret) {
+			t.Fatalf("the session's API_TOKEN is %q; want a placeholder", ph)
+		}
+		out := s.must(t, "sh", "-c", `curl -sS -H "Authorization: Bearer $API_TOKEN" https://allowed.test/echo`)
+		if got := up.auths(); len(got) != 1 || got[0] != "Bearer "+secret {
+			t.Errorf("the bound host received Authorization %q, want the real value once", got)
+		}
+		// The upstream echoed the value; the gate scrubbed it back.
+		if out != "Bearer "+ph+"\n" {
+			t.Errorf("the workload read %q in the echo, want its placeholder", out)
+		}
+		// An unbound host gets the placeholder unchanged.
+		s.must(t, "sh", "-c", `wget -q -O- --header "Authorization: Bearer $API_TOKEN" http://plain.test/echo`)
+		if got := up.auths(); len(got) != 2 || got[1] != "Bearer "+ph {
+			t.Errorf("the unbound host received %q, want the placeholder", got)
+		}
+		// Nowhere else: not in the gate's log nor in its audit.
+		rc, err := s.dc.ContainerLogs(ctx, gateName, container.LogsOptions{ShowStdout: true, ShowStderr: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		stdcopy.StdCopy(&logs, &logs, rc)
+		rc.Close()
+		audit, _ := os.ReadFile(filepath.Join(s.home, "state", "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl"))
+		if len(audit) == 0 || bytes.Contains(logs.Bytes(), []byte(secret)) || logs.Len() == 0 || bytes.Contains(audit, []byte(secret)) {
+			t.Errorf("the value is in the gate's log or audit (log %d bytes, audit %d bytes)", logs.Len(), len(audit))
 		}
 	})
 
@@ -276,8 +321,8 @@ func TestDockerSandbox(t *testing.T) {
 		if got, err := dockerrt.Routes(w.State.Pid); err != nil || !slices.Equal(got, []netip.Prefix{subnet}) {
 			t.Errorf("restarted workload's routes = %v (%v), want only %s", got, err, subnet)
 		}
-		if out := s.must(t, "wget", "-q", "-O-", "http://allowed.test/"); out != "hello from allowed.test\n" {
-			t.Errorf("allowed.test through the restarted gate: %q", out)
+		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
+			t.Errorf("plain.test through the restarted gate: %q", out)
 		}
 	})
 
