@@ -188,12 +188,37 @@ func (p *Plan) keepGuestBinary() error {
 }
 
 // checkpoint saves the guest with `runsc checkpoint` into suspendTemp,
-// readable by root only, and moves it to SuspendDir once it is whole and
-// on disk.
+// readable by root only, moves it to SuspendDir once it is whole and on
+// disk, and only then ends the guest.
+//
+// The guest is paused first (`runsc pause`) and saved with
+// --leave-running, which resumes only the save's own pause: without it
+// runsc kills the guest after the save whether or not the save worked,
+// so a full disk would have cost the user their processes. Paused, the
+// guest cannot change its files after the save; a save that fails is
+// undone with `runsc resume`, and one that succeeds ends with every
+// process of the shim's PID namespace killed.
 func (p *Plan) checkpoint(env []string) error {
 	if err := p.keepGuestBinary(); err != nil {
 		return err
 	}
+	if _, err := p.runsc(env, "pause", p.ID); err != nil {
+		return err
+	}
+	if err := p.saveImage(env); err != nil {
+		if _, rerr := p.runsc(env, "resume", p.ID); rerr != nil {
+			return fmt.Errorf("%v; resuming the paused guest failed too: %v", err, rerr)
+		}
+		return err
+	}
+	// The guest is saved and paused: its sandbox and gofer go now; the
+	// shim reaps them and waits for the daemon's stop.
+	unix.Kill(-1, unix.SIGKILL)
+	return nil
+}
+
+// saveImage writes the paused guest's image into SuspendDir.
+func (p *Plan) saveImage(env []string) error {
 	tmp := suspendTemp(p.StateDir)
 	os.RemoveAll(tmp)
 	if err := os.Mkdir(tmp, 0o700); err != nil {
@@ -203,17 +228,11 @@ func (p *Plan) checkpoint(env []string) error {
 	// out, and the umask and the chmod below make the files 0600 too:
 	// the image holds the guest's memory, its keys and tokens included.
 	old := unix.Umask(0o077)
-	cmd := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "checkpoint", "--image-path="+tmp, p.ID)...)
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr, cmd.Env = os.Stdout, &out, env
-	err := cmd.Run()
+	_, err := p.runsc(env, "checkpoint", "--leave-running", "--image-path="+tmp, p.ID)
 	unix.Umask(old)
-	if out.Len() > 0 {
-		os.Stderr.WriteString(out.String())
-	}
 	if err != nil {
 		os.RemoveAll(tmp)
-		return fmt.Errorf("runsc checkpoint: %v: %s", err, lastLine(out.String()))
+		return err
 	}
 	if err := syncImage(tmp); err != nil {
 		os.RemoveAll(tmp)
@@ -226,6 +245,22 @@ func (p *Plan) checkpoint(env []string) error {
 		return fmt.Errorf("moving the image into place: %w", err)
 	}
 	return syncDir(p.StateDir)
+}
+
+// runsc runs one runsc command for this sandbox; its output goes to the
+// shim's (runsc.log), its last line into the error.
+func (p *Plan) runsc(env []string, args ...string) (string, error) {
+	cmd := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), args...)...)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr, cmd.Env = os.Stdout, &out, env
+	err := cmd.Run()
+	if out.Len() > 0 {
+		os.Stderr.WriteString(out.String())
+	}
+	if err != nil {
+		return out.String(), fmt.Errorf("runsc %s: %v: %s", args[0], err, lastLine(out.String()))
+	}
+	return out.String(), nil
 }
 
 // syncImage makes the image's files 0600 and flushes them to disk: runsc

@@ -234,19 +234,27 @@ func TestSuspendResume(t *testing.T) {
 	})
 
 	t.Run("idle_park_suspends_and_a_command_wakes_it", func(t *testing.T) {
-		// Short idle knobs need a new daemon: a fresh start, on_up and all.
-		mustMoat(t, dir, "down", name)
-		if r := moat(t, dir, []string{"MOAT_IDLE_INTERVAL=200ms", "MOAT_IDLE_TIMEOUT=1200ms"}, "up", name); r.code != 0 {
-			t.Fatalf("up with short idle knobs: exit %d, stderr %q", r.code, r.stderr)
+		// Short idle knobs for every daemon of this subtest, the ones its
+		// commands resume included: a fresh start, on_up and all.
+		knobs := []string{"MOAT_IDLE_INTERVAL=200ms", "MOAT_IDLE_TIMEOUT=2s"}
+		run := func(args ...string) string {
+			t.Helper()
+			r := moat(t, dir, knobs, args...)
+			if r.code != 0 {
+				t.Fatalf("moat %v: exit %d, stderr %q", args, r.code, r.stderr)
+			}
+			return r.stdout
 		}
+		run("down", name)
+		run("up", name)
 		// A background process slow enough for the sandbox to count as
 		// idle (on_up's fast counter is stopped), and not one on_up starts:
 		// a cold start after the park would not bring it back.
-		mustMoat(t, dir, "exec", name, "--", "sh", "-c",
-			`pkill -f "echo \$i > /tmp/count"; setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/slow; sleep 1; done' </dev/null >/dev/null 2>&1`)
+		run("exec", name, "--", "sh", "-c",
+			`pkill -f "/tmp/coun[t]; sleep 0.1"; setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/slow; sleep 1; done' </dev/null >/dev/null 2>&1`)
 		slow := func() int {
 			t.Helper()
-			out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/slow"))
+			out := strings.TrimSpace(run("exec", name, "--", "cat", "/tmp/slow"))
 			n, err := strconv.Atoi(out)
 			if err != nil {
 				t.Fatalf("/tmp/slow reads %q", out)
