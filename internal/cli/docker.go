@@ -87,11 +87,18 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 			return nil, codef(ExitUsage, "%s=%q: write a subnet, e.g. 198.51.100.0/24", dockerEgressEnv, v)
 		}
 	}
+	// One start at a time, as for gVisor (startSession): two sessions
+	// starting a cold sandbox would each remove what the other made.
+	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
+	if err != nil {
+		return nil, err
+	}
 	r, err := dockerrt.Up(ctx, eng, dockerrt.Options{
 		Dir: dir, Moat: e.exe, Workspace: rec.Workspace, Guest: g,
 		Policy:   []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")},
 		Upstream: upstream, EgressSubnet: egress, Warn: os.Stderr,
 	})
+	unlock()
 	if err != nil {
 		return nil, fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err)
 	}
