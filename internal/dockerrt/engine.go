@@ -17,6 +17,7 @@ import (
 	"github.com/docker/docker/api/types/build"
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/filters"
+	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
@@ -145,7 +146,27 @@ func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, 
 	if err := buildError(resp.Body); err != nil {
 		return "", fmt.Errorf("building the gate's image: %w", err)
 	}
-	return e.ResolveImage(ctx, tag)
+	id, err := e.ResolveImage(ctx, tag)
+	if err != nil {
+		return "", err
+	}
+	e.pruneGateImages(ctx, id)
+	return id, nil
+}
+
+// pruneGateImages removes the gate images of earlier moat binaries, one
+// per upgrade or rebuild otherwise, that no container uses: Docker
+// refuses to remove one in use without force, which is not asked for.
+func (e *Engine) pruneGateImages(ctx context.Context, keep string) {
+	imgs, err := e.c.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "moat.gate=1"))})
+	if err != nil {
+		return
+	}
+	for _, img := range imgs {
+		if img.ID != keep {
+			e.c.ImageRemove(ctx, img.ID, image.RemoveOptions{PruneChildren: true})
+		}
+	}
 }
 
 // buildError reads a build's JSON message stream to its end and returns
