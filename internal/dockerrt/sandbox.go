@@ -204,8 +204,10 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 
 	// The gate: root at first, to bind its ports and build its jail
 	// (a mount namespace, pivot_root, its own seccomp filter), which
-	// needs CAP_SYS_ADMIN and no seccomp filter of Docker's in the way;
-	// then it drops to an unprivileged uid with no capabilities.
+	// needs CAP_SYS_ADMIN and no seccomp filter of Docker's in the way
+	// (Docker 20.10's default profile refuses pivot_root even with
+	// CAP_SYS_ADMIN); then it drops to an unprivileged uid with no
+	// capabilities, under its own filter.
 	gate, err := e.c.ContainerCreate(ctx, &container.Config{
 		Image: r.GateImage, Cmd: []string{"gate", "serve", "--config", gateConfig}, Labels: labels,
 	}, &container.HostConfig{
