@@ -110,3 +110,20 @@ func TestTenantLookup(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseConfig: whatever the file holds, ParseConfig returns a config
+// or an error matching ErrInvalid, and never panics.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodConfig))
+	f.Add([]byte("[tenants.a]\nsources = [\"::/0\"]\npolicy = [\"/p\"]\n"))
+	f.Add([]byte("[listen]\ndns = [\"[::1]:53\"]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		cfg, err := ParseConfig("/etc/gate.toml", data)
+		if err == nil && cfg == nil {
+			t.Fatal("no config and no error")
+		}
+		if err != nil && !errors.Is(err, ErrInvalid) {
+			t.Fatalf("error %q does not match ErrInvalid", err)
+		}
+	})
+}

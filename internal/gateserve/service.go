@@ -161,6 +161,19 @@ type tenant struct {
 	creds  *credentials
 	audit  *audit.Log
 	dnsSem chan struct{} // DNS queries being answered at once
+	// fixed is what the gate was built with that a reload cannot change.
+	fixed fixedNetwork
+}
+
+// fixedNetwork is the part of a tenant's [network] a gate takes at start.
+type fixedNetwork struct {
+	inspect        bool
+	maxConnections int
+	maxDNSQueries  int
+}
+
+func fixedOf(n config.Network) fixedNetwork {
+	return fixedNetwork{n.Inspect, n.MaxConnections, n.MaxDNSQueries}
 }
 
 // tenantTable maps source addresses to tenants.
@@ -293,7 +306,7 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 		return nil, fmt.Errorf("tenant %s: opening its audit log: %w", tc.Name, err)
 	}
 	al.Tap(s.metrics.tap(tc.Name))
-	t := &tenant{cfg: tc, creds: &credentials{}, audit: al, dnsSem: make(chan struct{}, dnsLimit(r.network))}
+	t := &tenant{cfg: tc, creds: &credentials{}, audit: al, dnsSem: make(chan struct{}, dnsLimit(r.network)), fixed: fixedOf(r.network)}
 	t.creds.cur.Store(set)
 	host := s.host
 	t.gate = gate.New(gate.Options{
@@ -567,6 +580,10 @@ func (s *Service) Reload() error {
 	}
 	var ts []*tenant
 	for _, n := range nexts {
+		if fixedOf(n.r.network) != n.t.fixed {
+			s.log.Warn("gate service: a tenant's inspect, max_connections or max_dns_queries changed; they take effect at the next restart",
+				"tenant", n.cfg.Name)
+		}
 		n.t.gate.SetPolicy(n.r.policy)
 		n.t.gate.SetReport(n.r.network.Mode == config.ModeReport)
 		n.t.creds.cur.Store(n.set)
