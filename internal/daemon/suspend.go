@@ -221,7 +221,7 @@ func (d *daemon) handleSuspend(w http.ResponseWriter, r *http.Request) {
 	var refused refusal
 	switch {
 	case errors.As(err, &refused):
-		refuse(http.StatusConflict, err.Error())
+		refuse(http.StatusConflict, err.Error()+"; the sandbox keeps running")
 		return
 	case err != nil:
 		refuse(http.StatusInternalServerError, fmt.Sprintf("suspending: %v; the sandbox keeps running", err))

@@ -297,9 +297,16 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-// lastLine is runsc's last line of output, which says why it failed.
+// lastLine is the line of runsc's output that says why it failed: the
+// last that says "failed" (runsc may print goroutine stacks after it),
+// else the last.
 func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], "failed") {
+			return strings.TrimSpace(lines[i])
+		}
+	}
 	return strings.TrimSpace(lines[len(lines)-1])
 }
 

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"moat.dev/moat/internal/testfs"
 )
 
 // suspendServer answers each GET with how many it has answered: state
@@ -266,7 +268,7 @@ func TestSuspendResume(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		st := ""
 		for time.Now().Before(deadline) {
-			if st = sandboxState(t, dir, name); st == "suspended" {
+			if st = sandboxState(t, dir, name, nil); st == "suspended" {
 				break
 			}
 			time.Sleep(200 * time.Millisecond)
@@ -345,7 +347,7 @@ func waitSessions(t *testing.T, dir, name string, n int) {
 }
 
 // sandboxState is the sandbox's state as moat list --json says it.
-func sandboxState(t *testing.T, dir, name string) string {
+func sandboxState(t *testing.T, dir, name string, env []string) string {
 	t.Helper()
 	var list struct {
 		Sandboxes []struct {
@@ -353,11 +355,103 @@ func sandboxState(t *testing.T, dir, name string) string {
 			State string `json:"state"`
 		} `json:"sandboxes"`
 	}
-	json.Unmarshal([]byte(moat(t, dir, nil, "list", "--json").stdout), &list)
+	json.Unmarshal([]byte(moat(t, dir, env, "list", "--json").stdout), &list)
 	for _, s := range list.Sandboxes {
 		if s.Name == name {
 			return s.State
 		}
 	}
 	return ""
+}
+
+// TestSuspendFullDisk: a checkpoint that runs out of disk leaves the
+// sandbox running, its processes with it, and no image that could be
+// taken for a whole one; with room again the suspend works.
+func TestSuspendFullDisk(t *testing.T) {
+	home := testfs.Small(t, "200m") // unmounted after the clean-up below
+	name := "suspend-full"
+	dir := project(t, name)
+	os.Chmod(dir, 0o777)
+	// disk = "unlimited": the writable layer in the state directory, not
+	// an image the small filesystem has no room for.
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[sandbox]\ndisk = \"unlimited\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"MOAT_HOME=" + home}
+	stateDir := filepath.Join(home, "state", "sandboxes", name)
+	var filler string
+	t.Cleanup(func() {
+		if filler != "" {
+			os.Remove(filler)
+		}
+		c := exec.Command(moatBin, "destroy", "--yes", name)
+		c.Env = moatEnv(env)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("destroy: %v\n%s", err, out)
+		}
+	})
+	run := func(args ...string) result {
+		t.Helper()
+		return moat(t, dir, env, args...)
+	}
+	must := func(args ...string) string {
+		t.Helper()
+		r := run(args...)
+		if r.code != 0 {
+			t.Fatalf("moat %v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+		return r.stdout
+	}
+	must("up")
+	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
+	// One suspend and resume first: the guest then maps the moat binary
+	// kept in the state directory, so the next suspend writes only the
+	// image, and it is the image that meets the full disk.
+	must("suspend", name)
+	must("resume", name)
+	counter := func() int {
+		t.Helper()
+		n, err := strconv.Atoi(strings.TrimSpace(must("exec", name, "--", "cat", "/tmp/c")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := counter()
+
+	// Full but for 1 MiB: the record's writes fit, the image does not.
+	filler = testfs.Fill(t, home)
+	if fi, err := os.Stat(filler); err != nil || os.Truncate(filler, fi.Size()-1<<20) != nil {
+		t.Fatalf("making 1 MiB of room: %v", err)
+	}
+	r := run("suspend", name)
+	if r.code == 0 || !strings.Contains(r.stderr, "no space left on device") || !strings.Contains(r.stderr, "keeps running") {
+		t.Fatalf("suspend on a full disk: exit %d, stderr %q; want a failure that says the disk is full and the sandbox keeps running", r.code, r.stderr)
+	}
+	for _, d := range []string{"suspend", "suspend.new"} {
+		if _, err := os.Stat(filepath.Join(stateDir, d)); err == nil {
+			t.Errorf("%s is left after the failed suspend", d)
+		}
+	}
+	if st := sandboxState(t, dir, name, env); st != "running" {
+		t.Fatalf("after the failed suspend the sandbox is %s", st)
+	}
+	after := counter()
+	later := after
+	for i := 0; i < 40 && later == after; i++ {
+		time.Sleep(100 * time.Millisecond)
+		later = counter()
+	}
+	if after < before || later <= after {
+		t.Fatalf("the guest's counter went %d, %d, %d across the failed suspend: its processes did not survive", before, after, later)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	filler = ""
+	must("suspend", name)
+	if st := sandboxState(t, dir, name, env); st != "suspended" {
+		t.Fatalf("with room again, the suspend left the sandbox %s", st)
+	}
 }
