@@ -12,6 +12,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/docker/docker/api/types/build"
@@ -64,6 +65,28 @@ func (e *Engine) Version(ctx context.Context) (string, string, error) {
 		return "", "", err
 	}
 	return v.Version, v.APIVersion, nil
+}
+
+// ErrNotLocal is returned for an engine moat cannot isolate the workload
+// on: one on another host, or a rootless one, whose bridges and
+// containers' namespaces are not the host's that moat edits.
+var ErrNotLocal = errors.New("moat needs the local, rootful Docker engine")
+
+// CheckLocal refuses an engine that is not this host's rootful one.
+func (e *Engine) CheckLocal(ctx context.Context) error {
+	if h := e.c.DaemonHost(); !strings.HasPrefix(h, "unix://") {
+		return fmt.Errorf("%w: DOCKER_HOST is %s; moat removes the workload's routes and guards the bridge from this host, so it uses the engine on its unix socket", ErrNotLocal, h)
+	}
+	info, err := e.c.Info(ctx)
+	if err != nil {
+		return fmt.Errorf("asking the Docker engine about itself: %w", err)
+	}
+	for _, o := range info.SecurityOptions {
+		if strings.Contains(o, "name=rootless") {
+			return fmt.Errorf("%w: this engine is rootless; its networks live in a namespace of its own that moat does not guard", ErrNotLocal)
+		}
+	}
+	return nil
 }
 
 // HasRuntime reports whether the engine has an OCI runtime registered

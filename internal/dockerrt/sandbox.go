@@ -83,6 +83,9 @@ func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
 	if gateUp && workUp {
 		return r, nil
 	}
+	if err := e.CheckLocal(ctx); err != nil {
+		return nil, err
+	}
 	if r.Runtime != "runsc" {
 		fmt.Fprintf(o.Warn, "moat: sandbox %q runs on Docker with runc: the workload shares the host's kernel; register runsc with Docker for gVisor's (see: moat doctor)\n", r.Name)
 	}
