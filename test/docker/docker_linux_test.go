@@ -418,6 +418,17 @@ func removeStale(t *testing.T, dc *client.Client) {
 			dc.NetworkRemove(ctx, n.ID)
 		}
 	}
+	// Its INPUT rules for its bridge, by their comment.
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		out, _ := exec.Command(tool, "-w", "-S", "INPUT").Output()
+		for _, l := range strings.Split(string(out), "\n") {
+			if !strings.Contains(l, "moat-dk") || !strings.HasPrefix(l, "-A INPUT ") {
+				continue
+			}
+			args := append([]string{"-w", "-D", "INPUT"}, strings.Fields(strings.ReplaceAll(strings.TrimPrefix(l, "-A INPUT "), "\"", ""))...)
+			exec.Command(tool, args...).Run()
+		}
+	}
 }
 
 var networkInspect = network.InspectOptions{}
