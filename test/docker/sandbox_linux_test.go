@@ -304,6 +304,24 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("with the gate down nothing gets out", func(t *testing.T) {
+		if err := s.dc.ContainerKill(ctx, gateName, "KILL"); err != nil {
+			t.Fatal(err)
+		}
+		// Straight into the workload: a moat run would start the gate
+		// first.
+		for _, argv := range [][]string{
+			{"wget", "-q", "-T", "3", "-O-", "http://plain.test/"},
+			{"wget", "-q", "-T", "3", "-O-", "http://" + hostEnd + "/"},
+			{"nslookup", "plain.test"},
+		} {
+			out, code := dockerExec(t, s, workName, argv)
+			if code == 0 {
+				t.Errorf("%v with the gate down: exit 0, %q", argv, out)
+			}
+		}
+	})
+
 	t.Run("stopped containers start again as they were, isolated again", func(t *testing.T) {
 		s.must(t, "sh", "-c", "echo kept > /var/marker")
 		for _, c := range []string{workName, gateName} {
@@ -371,4 +389,28 @@ func grep(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// dockerExec runs argv in a container through the engine, bounded, and
+// returns its output and exit code.
+func dockerExec(t *testing.T, s *sandbox, name string, argv []string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ex, err := s.dc.ContainerExecCreate(ctx, name, container.ExecOptions{Cmd: argv, AttachStdout: true, AttachStderr: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hj, err := s.dc.ContainerExecAttach(ctx, ex.ID, container.ExecAttachOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	stdcopy.StdCopy(&out, &out, hj.Reader)
+	hj.Close()
+	in, err := s.dc.ContainerExecInspect(ctx, ex.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), in.ExitCode
 }
