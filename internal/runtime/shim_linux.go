@@ -162,13 +162,15 @@ func superviseRunsc(p *Plan, bundle string) error {
 		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
 	}
 	words := readWords()
-	checkpointed := false
+	checkpointed, released := false, false
 	for {
 		if ws, exited := reap(sandbox); exited {
 			if checkpointed {
 				// The daemon ends the shim as for a stop, once it has
-				// recorded the suspend.
-				waitRelease(sigs, words)
+				// recorded the suspend; its SIGTERM may have come first.
+				if !released {
+					waitRelease(sigs, words)
+				}
 				return nil
 			}
 			return sandboxExit(ws)
@@ -177,6 +179,10 @@ func superviseRunsc(p *Plan, bundle string) error {
 		case sig := <-sigs:
 			switch sig {
 			case syscall.SIGTERM, syscall.SIGINT:
+				if checkpointed {
+					released = true // the guest is gone already: nothing to ask
+					continue
+				}
 				kill := exec.Command(p.Runsc, append(p.runscArgs(false), "kill", p.ID, "TERM")...)
 				kill.Stdout, kill.Stderr, kill.Env = os.Stdout, os.Stderr, env
 				kill.Run()
