@@ -330,9 +330,12 @@ workspace is your own directory and is never touched.`,
 			if err != nil {
 				return err
 			}
-			dir, _, err := e.resolve(args)
+			dir, rec, err := e.resolve(args)
 			if err != nil {
 				return err
+			}
+			if rec.Runtime == runtimeDocker {
+				return dockerStop(dir)
 			}
 			if err := e.stop(dir, state.StopUser); err != nil {
 				return err

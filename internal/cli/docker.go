@@ -174,6 +174,23 @@ func dockerDown(dir string) error {
 	return err
 }
 
+// dockerStop is moat down for a Docker sandbox: its containers stop and
+// are kept.
+func dockerStop(dir string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	eng, err := dockerrt.Connect(ctx)
+	if err != nil {
+		return withCode(ExitHost, err)
+	}
+	defer eng.Close()
+	err = dockerrt.Stop(ctx, eng, dir)
+	if errors.Is(err, dockerrt.ErrNoRecord) {
+		return nil
+	}
+	return err
+}
+
 // dockerNotes are doctor's lines about Docker: never failures, since
 // only runtime = "docker" needs it.
 func dockerNotes(w io.Writer, runsc string) {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/client"
 
 	"moat.dev/moat/internal/guestspec"
 )
@@ -444,6 +445,28 @@ func copyBinary(src, dst string) error {
 		return err
 	}
 	return out.Close()
+}
+
+// stopTimeout is the workload's grace between SIGTERM and SIGKILL: moat
+// init gives its processes 5 s (internal/guest's shutdownGrace).
+const stopTimeout = 10
+
+// Stop stops the sandbox's containers and keeps them, so that the next
+// start finds the workload as it was. The workload stops first: while it
+// runs, its gate does.
+func Stop(ctx context.Context, e *Engine, dir string) error {
+	r, err := Load(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range []string{r.workName(), r.gateName()} {
+		t := stopTimeout
+		if err := e.c.ContainerStop(ctx, n, container.StopOptions{Timeout: &t}); err != nil && !client.IsErrNotFound(err) {
+			errs = append(errs, fmt.Errorf("stopping %s: %w", n, err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Down removes the sandbox's containers, networks and host rules. A

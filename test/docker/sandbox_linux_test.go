@@ -344,6 +344,22 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("moat down stops the containers and keeps them", func(t *testing.T) {
+		cmd := exec.Command(s.bin, "down", s.name)
+		cmd.Dir, cmd.Env = s.ws, s.env
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("moat down: %v\n%s", err, out)
+		}
+		for _, c := range []string{gateName, workName} {
+			if st, err := s.dc.ContainerInspect(ctx, c); err != nil || st.State.Running {
+				t.Errorf("after moat down, %s: %v, running=%v; want it kept, stopped", c, err, err == nil && st.State.Running)
+			}
+		}
+		if out := s.must(t, "cat", "/var/marker"); out != "kept\n" {
+			t.Errorf("after moat down and a run, /var/marker holds %q", out)
+		}
+	})
+
 	t.Run("moat up refuses a Docker sandbox", func(t *testing.T) {
 		cmd := exec.Command(s.bin, "up", s.name)
 		cmd.Dir, cmd.Env = s.ws, s.env
