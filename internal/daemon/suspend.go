@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -119,9 +120,6 @@ func (d *daemon) serveSuspend(body json.RawMessage) (any, []*os.File, error) {
 			d.log.Info("idle: suspending", "why", why)
 		}
 		return suspendBegun{}, nil, d.updateRecord(func(r *state.Record) error { r.State = state.StateSuspending; return nil })
-	case "abort":
-		running()
-		return nil, nil, nil
 	case "save":
 		t := time.Now()
 		if err := d.shim.suspend(suspendTimeout); err != nil {
@@ -190,16 +188,9 @@ func (s *shimConn) suspend(timeout time.Duration) error {
 		return fmt.Errorf("the shim exited while saving the guest; see %s", s.log)
 	}
 	if answer := string(buf[:n]); answer != runtime.ShimSuspended {
-		return fmt.Errorf("saving the guest: %s (see %s)", trimPrefix(answer, "error: "), s.log)
+		return fmt.Errorf("saving the guest: %s (see %s)", strings.TrimPrefix(answer, "error: "), s.log)
 	}
 	return nil
-}
-
-func trimPrefix(s, p string) string {
-	if len(s) >= len(p) && s[:len(p)] == p {
-		return s[len(p):]
-	}
-	return s
 }
 
 // suspendBusy is held by the gate process while a suspend runs.
