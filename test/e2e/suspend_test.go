@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -232,6 +233,46 @@ func TestSuspendResume(t *testing.T) {
 		mustMoat(t, dir, "up", name)
 		if out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/kept")); out != "kept" {
 			t.Fatalf("after the refused image and a fresh start, the guest's file reads %q", out)
+		}
+	})
+
+	t.Run("daemon_killed_while_resuming_recovers_with_up", func(t *testing.T) {
+		mustMoat(t, dir, "suspend", name)
+		resume := exec.Command(moatBin, "resume", name)
+		resume.Dir, resume.Env = dir, moatEnv(nil)
+		if err := resume.Start(); err != nil {
+			t.Fatal(err)
+		}
+		resumed := make(chan error, 1)
+		go func() { resumed <- resume.Wait() }()
+		t.Cleanup(func() { resume.Process.Kill() })
+		killed := false
+		for i := 0; i < 2000 && !killed; i++ {
+			b, _ := os.ReadFile(filepath.Join(stateDir, "record.json"))
+			var rec struct {
+				State     string `json:"state"`
+				DaemonPID int    `json:"daemon_pid"`
+			}
+			if json.Unmarshal(b, &rec) == nil && rec.State == "resuming" && rec.DaemonPID > 0 {
+				killed = syscall.Kill(rec.DaemonPID, syscall.SIGKILL) == nil
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if !killed {
+			t.Fatal("never saw the daemon resuming, within 10 s")
+		}
+		select {
+		case <-resumed:
+		case <-time.After(30 * time.Second):
+			t.Fatal("moat resume did not return 30 s after its daemon was killed")
+		}
+		if st := sandboxState(t, dir, name, nil); st != "crashed" {
+			t.Errorf("with its daemon killed while resuming, the sandbox is %q, want crashed", st)
+		}
+		mustMoat(t, dir, "up", name)
+		mustMoat(t, dir, "exec", name, "--", "true")
+		if st := sandboxState(t, dir, name, nil); st != "running" {
+			t.Fatalf("after moat up the sandbox is %q", st)
 		}
 	})
 
