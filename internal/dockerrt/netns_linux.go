@@ -78,6 +78,27 @@ func isolate(pid int, subnet netip.Prefix) error {
 	return nil
 }
 
+// ensureIsolated checks a running workload's routes and the host's
+// guard, and puts back what is missing.
+func ensureIsolated(r *Record, pid int) error {
+	if r.Runtime == "runsc" {
+		return nil // gVisor's routes are its own (sandbox.go)
+	}
+	got, err := Routes(pid)
+	if err != nil {
+		return err
+	}
+	if len(got) != 1 || got[0] != r.Subnet {
+		if err := isolate(pid, r.Subnet); err != nil {
+			return err
+		}
+	}
+	if exec.Command("iptables", append([]string{"-w", "-C"}, guardRules(r.Bridge, r.Name)[0]...)...).Run() != nil {
+		return guardBridge(r.Bridge, r.Name)
+	}
+	return nil
+}
+
 // keepRoute: the subnet's own route and the local table's entries
 // (the address itself, loopback), which are not ways out.
 func keepRoute(r netlink.Route, subnet netip.Prefix) bool {

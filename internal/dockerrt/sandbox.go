@@ -77,12 +77,20 @@ func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	workUp, _, err := e.running(ctx, r.workName())
+	workUp, pid, err := e.running(ctx, r.workName())
 	if err != nil {
 		return nil, err
 	}
 	if gateUp && workUp {
-		return r, nil
+		// Docker may have restarted the workload behind moat's back
+		// (docker restart, a daemon restart), giving it Docker's routes
+		// again: checked at every session, which costs a netlink dump.
+		if err := ensureIsolated(r, pid); err != nil {
+			e.c.ContainerKill(context.WithoutCancel(ctx), r.workName(), "KILL")
+			return nil, fmt.Errorf("the workload of %q had a way out and was stopped: %w", r.Name, err)
+		}
+		// A workload just restarted may not be listening yet.
+		return r, waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 	}
 	if err := e.CheckLocal(ctx); err != nil {
 		return nil, err

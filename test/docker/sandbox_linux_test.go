@@ -344,6 +344,25 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("a workload Docker restarted is isolated again at the next session", func(t *testing.T) {
+		t0 := 5
+		if err := s.dc.ContainerRestart(ctx, workName, container.StopOptions{Timeout: &t0}); err != nil {
+			t.Fatal(err)
+		}
+		w, err := s.dc.ContainerInspect(ctx, workName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := dockerrt.Routes(w.State.Pid); slices.Equal(got, []netip.Prefix{subnet}) {
+			t.Fatalf("Docker's restart left only %v: this check proves nothing here", got)
+		}
+		// The agent may still be starting; the session waits for it.
+		out := s.must(t, "ip", "route")
+		if lines := strings.Fields(out); len(lines) == 0 || lines[0] != subnet.String() || strings.Count(out, "\n") != 1 {
+			t.Errorf("after docker restart, the workload's routes:\n%s\nwant one, for %s", out, subnet)
+		}
+	})
+
 	t.Run("moat down stops the containers and keeps them", func(t *testing.T) {
 		cmd := exec.Command(s.bin, "down", s.name)
 		cmd.Dir, cmd.Env = s.ws, s.env
