@@ -104,7 +104,9 @@ print(r.status_code); print(r.text)
 		name string
 		argv func(url string) []string
 	}{
-		{"curl", func(u string) []string { return []string{"curl", "-sS", "--max-time", "10", "-w", "%{http_code}\n", "-o", "/dev/stderr", u} }},
+		{"curl", func(u string) []string {
+			return []string{"curl", "-sS", "--max-time", "10", "-w", "%{http_code}\n", "-o", "/dev/stderr", u}
+		}},
 		{"python urllib", func(u string) []string { return []string{python, "-c", pyURLLib, u} }},
 		{"python requests", func(u string) []string { return []string{python, "-c", pyRequests, u} }},
 		{"node fetch", func(u string) []string { return []string{"node", "-e", nodeFetch, u} }},
