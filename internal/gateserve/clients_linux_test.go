@@ -57,23 +57,14 @@ func TestRealClients(t *testing.T) {
 	mux.HandleFunc("/hello", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "hello from code.test") })
 	f.n.SetA("code.test", "198.51.100.20")
 	code := f.n.HTTPS(t, "198.51.100.20", 443, []string{"code.test"}, mux)
-	rules := strings.Replace(mustRead(t, f.alphaPolicy), `"allowed.test", `, `"allowed.test", "code.test", `, 1)
-	must(t, os.WriteFile(f.alphaPolicy, []byte(rules), 0o644))
-	if err := f.svc.Reload(); err != nil {
-		t.Fatalf("allowing code.test: %v", err)
-	}
+	allowAlso(t, f, "code.test")
 
 	// What the guest's init would leave in place: the system bundle with
 	// the CA appended, and a resolv.conf naming the service.
 	dir := t.TempDir()
 	caPEM, err := os.ReadFile(f.cfg.CACert)
 	must(t, err)
-	system, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
-	if err != nil {
-		t.Skipf("no system bundle at /etc/ssl/certs/ca-certificates.crt (%v): the test appends the CA to it as init does", err)
-	}
-	bundle := filepath.Join(dir, "ca-certificates.crt")
-	must(t, os.WriteFile(bundle, append(append(system, '\n'), caPEM...), 0o644))
+	bundle := systemBundleWith(t, dir, caPEM)
 	resolv := filepath.Join(dir, "resolv.conf")
 	must(t, os.WriteFile(resolv, []byte("nameserver "+f.a.gw.String()+"\noptions timeout:2 attempts:1\n"), 0o644))
 	cl := &realClient{ns: f.a.name, resolv: resolv, bundle: bundle, env: []string{
@@ -175,6 +166,33 @@ print(r.status_code); print(r.text)
 			t.Errorf("curl with the system bundle alone: %v, want a certificate failure:\n%s", err, out)
 		}
 	})
+}
+
+// allowAlso adds name to tenant alpha's allow list, live.
+func allowAlso(t *testing.T, f *fixture, name string) {
+	t.Helper()
+	rules := strings.Replace(mustRead(t, f.alphaPolicy), `"allowed.test", `, `"allowed.test", "`+name+`", `, 1)
+	must(t, os.WriteFile(f.alphaPolicy, []byte(rules), 0o644))
+	if err := f.svc.Reload(); err != nil {
+		t.Fatalf("allowing %s: %v", name, err)
+	}
+}
+
+// systemBundleWith writes the host's system bundle with ca appended into
+// dir, as the guest's init completes a bundle, and returns its path.
+func systemBundleWith(t *testing.T, dir string, ca []byte) string {
+	t.Helper()
+	system, err := os.ReadFile("/etc/ssl/certs/ca-certificates.crt")
+	if err != nil {
+		t.Skipf("no system bundle at /etc/ssl/certs/ca-certificates.crt (%v): the test appends the CA to it as init does", err)
+	}
+	f, err := os.CreateTemp(dir, "ca-certificates-*.crt")
+	must(t, err)
+	defer f.Close()
+	if _, err := f.Write(append(append(system, '\n'), ca...)); err != nil {
+		t.Fatal(err)
+	}
+	return f.Name()
 }
 
 // realClient runs a program in a client namespace, in a private mount
