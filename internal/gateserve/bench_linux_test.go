@@ -130,6 +130,8 @@ func TestBenchService(t *testing.T) {
 	d, s := got["direct"], got["service"]
 	med := median
 	t.Logf("gate service benchmark: R=%d SIZE_MIB=%d CONNECTS=%d PARALLEL=%d REQS=%d CONC=%d (medians of %d rounds)", rounds, sizeMiB, connects, parallelN, reqs, conc, rounds)
+	t.Logf("rounds: download MiB/s direct %.0f, service %.0f; small requests req/s direct %.0f, service %.0f",
+		d.mibps, s.mibps, d.rps, s.rps)
 	t.Logf("download %d MiB over HTTPS: direct %.0f MiB/s, through the service (intercepted) %.0f MiB/s: %.2fx direct (target >= 0.7x)",
 		sizeMiB, med(d.mibps), med(s.mibps), med(s.mibps)/med(d.mibps))
 	t.Logf("connect p50: direct %.0f µs, service %.0f µs: added %.3f ms (target <= 0.3 ms); p99 direct %.0f µs, service %.0f µs",
