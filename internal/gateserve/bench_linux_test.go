@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -102,6 +103,7 @@ func TestBenchService(t *testing.T) {
 
 	type figures struct{ mibps, connP50, connP99, parMS, parFailed, syn, rps, p50, p95, reqErrs []float64 }
 	got := map[string]*figures{"direct": {}, "service": {}}
+	loadBefore := loadavg()
 	url := fmt.Sprintf("https://bench.test/bytes?n=%d", int64(sizeMiB)<<20)
 	for r := range rounds {
 		// Alternate which path goes first: the host is shared and noisy.
@@ -127,9 +129,11 @@ func TestBenchService(t *testing.T) {
 		}
 	}
 
+	loadAfter := loadavg()
 	d, s := got["direct"], got["service"]
 	med := median
-	t.Logf("gate service benchmark: R=%d SIZE_MIB=%d CONNECTS=%d PARALLEL=%d REQS=%d CONC=%d (medians of %d rounds)", rounds, sizeMiB, connects, parallelN, reqs, conc, rounds)
+	t.Logf("gate service benchmark: R=%d SIZE_MIB=%d CONNECTS=%d PARALLEL=%d REQS=%d CONC=%d (medians of %d rounds); load %s before, %s after (%d CPUs)",
+		rounds, sizeMiB, connects, parallelN, reqs, conc, rounds, loadBefore, loadAfter, runtime.NumCPU())
 	t.Logf("rounds: download MiB/s direct %.0f, service %.0f; small requests req/s direct %.0f, service %.0f",
 		d.mibps, s.mibps, d.rps, s.rps)
 	t.Logf("download %d MiB over HTTPS: direct %.0f MiB/s, through the service (intercepted) %.0f MiB/s: %.2fx direct (target >= 0.7x)",
@@ -140,6 +144,16 @@ func TestBenchService(t *testing.T) {
 		parallelN, med(d.parMS), med(s.parMS), med(s.parMS)/med(d.parMS), slices.Max(d.parFailed), slices.Max(s.parFailed), slices.Max(d.syn), slices.Max(s.syn))
 	t.Logf("small HTTPS requests (%d over %d kept-alive connections, HTTP/1.1): direct %.0f req/s p50 %.0f µs p95 %.0f µs; service (intercepted) %.0f req/s p50 %.0f µs p95 %.0f µs: %.2fx direct req/s; errors: direct %.0f, service %.0f",
 		reqs, conc, med(d.rps), med(d.p50), med(d.p95), med(s.rps), med(s.p50), med(s.p95), med(s.rps)/med(d.rps), slices.Max(d.reqErrs), slices.Max(s.reqErrs))
+}
+
+// loadavg is /proc/loadavg's three averages: how busy the shared host
+// was, for reading the figures.
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
 
 func median(v []float64) float64 {
