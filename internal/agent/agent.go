@@ -25,6 +25,7 @@ import (
 	"os"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -72,6 +73,28 @@ type Server struct {
 	// SFTPCommand runs the sftp subsystem (moat's own "__sftp"); unset,
 	// the subsystem is refused.
 	SFTPCommand []string
+
+	// cfg is the configuration new connections get; Rekey replaces it.
+	cfg atomic.Pointer[ssh.ServerConfig]
+}
+
+// Rekey makes the agent present host and accept only auth from its next
+// connection on, and gives later sessions env as their base environment:
+// a forked sandbox's guest, restored from its parent's image, takes its
+// own identity this way (moat fork). Connections already made keep the
+// keys they were made with. The caller makes sure no session reads Env
+// meanwhile: the daemon rekeys before it lets any session in.
+func (s *Server) Rekey(host ssh.Signer, auth ssh.PublicKey, env []string) error {
+	if host == nil || auth == nil {
+		return errors.New("rekeying: no host key or no authorized key")
+	}
+	s.HostKey, s.AuthorizedKey, s.Env = host, auth, env
+	cfg, err := s.config()
+	if err != nil {
+		return err
+	}
+	s.cfg.Store(cfg)
+	return nil
 }
 
 // handshakeTimeout bounds how long an unauthenticated peer can hold a
@@ -92,6 +115,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if err != nil {
 		return err
 	}
+	s.cfg.Store(cfg)
 	ctx, cancel := context.WithCancel(ctx)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	if s.AgentSocket != "" {
@@ -100,7 +124,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 	}
 	var conns sync.WaitGroup
-	err = s.accept(ctx, ln, cfg, &conns)
+	err = s.accept(ctx, ln, &conns)
 	stop()
 	cancel()
 	conns.Wait()
@@ -133,7 +157,7 @@ func (s *Server) config() (*ssh.ServerConfig, error) {
 	return cfg, nil
 }
 
-func (s *Server) accept(ctx context.Context, ln net.Listener, cfg *ssh.ServerConfig, conns *sync.WaitGroup) error {
+func (s *Server) accept(ctx context.Context, ln net.Listener, conns *sync.WaitGroup) error {
 	var backoff time.Duration
 	for {
 		nc, err := ln.Accept()
@@ -156,6 +180,7 @@ func (s *Server) accept(ctx context.Context, ln net.Listener, cfg *ssh.ServerCon
 			continue
 		}
 		backoff = 0
+		cfg := s.cfg.Load()
 		conns.Go(func() {
 			defer s.recoverPanic("connection")
 			s.serveConn(ctx, nc, cfg)

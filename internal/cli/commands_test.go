@@ -238,6 +238,7 @@ var sandboxCommands = [][]string{
 	{"down", "%s"},
 	{"suspend", "%s"},
 	{"resume", "%s"},
+	{"fork", "%s", "child"},
 	{"destroy", "%s", "--yes"},
 	{"status", "%s"},
 	{"logs", "%s"},

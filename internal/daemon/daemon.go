@@ -98,6 +98,7 @@ type daemon struct {
 	stack   *netstack.Stack
 	net     *network
 	proxy   *session.Proxy // every session's way to the guest agent
+	fork    *forkKeys      // a fork's parent keys until its guest takes its own (fork.go)
 	ca      *tlsca.CA      // mints the leaves of intercepted hosts
 	creds   *credentials   // the secrets, swapped whole when a preset adds some
 	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
@@ -572,6 +573,15 @@ func (d *daemon) waitAgent() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		c, err := d.stack.DialGuest(ctx, 22)
 		cancel()
+		if err == nil && d.fork != nil {
+			if err := d.takeForkIdentity(c); err != nil {
+				d.log.Warn("fork: the restored guest has not taken this sandbox's identity yet", "err", err)
+				time.Sleep(100 * time.Millisecond)
+			} else {
+				d.fork = nil
+			}
+			continue
+		}
 		// The agent is up when the proxy has authenticated to it; that
 		// connection then carries the first session, and every other.
 		if err == nil && d.proxy.Handshake(c) == nil {

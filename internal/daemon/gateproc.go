@@ -106,6 +106,9 @@ func (d *daemon) runGate() error {
 	if err := d.writeGuestSpec(); err != nil {
 		return err
 	}
+	if d.fork, err = d.loadForkKeys(); err != nil { // before the guest starts: its restore deletes them
+		return err
+	}
 	d.readCopies()
 	nw, err := d.startNetwork(ctx)
 	if err != nil {

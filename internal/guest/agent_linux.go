@@ -30,7 +30,9 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 	if _, err := os.Stat("/bin/bash"); err == nil {
 		shell = "/bin/bash"
 	}
-	return &agent.Server{
+	// srv is named for GlobalRequest: a fork's rekey changes it.
+	var srv *agent.Server
+	srv = &agent.Server{
 		Shell:   shell,
 		HostKey: host, AuthorizedKey: auth,
 		UID: spec.UID, GID: spec.GID,
@@ -41,6 +43,9 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 		// The daemon's OOM guard (oomkill_linux.go), answered in
 		// process: no fork or exec while the guest is at its ceiling.
 		GlobalRequest: func(name string, _ []byte) (bool, []byte) {
+			if name == ForkRequest {
+				return takeForkIdentity(srv, log)
+			}
 			if name != OOMKillRequest {
 				return false, nil
 			}
@@ -50,7 +55,8 @@ func newAgent(spec *guestspec.Spec, children *agent.Children, log *slog.Logger) 
 			}
 			return true, []byte(what)
 		},
-	}, nil
+	}
+	return srv, nil
 }
 
 // serveAgent serves the agent on spec.Listen until ctx ends. The agent is

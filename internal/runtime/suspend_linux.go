@@ -71,9 +71,11 @@ func RemoveImage(stateDir string) error {
 }
 
 // RemoveSaved deletes everything a suspend kept: the image and the
-// guest's binary, which a guest booted afresh no longer maps.
+// guest's binary, which a guest booted afresh no longer maps; and a
+// fork's parent keys, which only its restored guest knows.
 func RemoveSaved(stateDir string) error {
 	os.Remove(GuestBinary(stateDir))
+	os.RemoveAll(ForkKeysDir(stateDir))
 	return RemoveImage(stateDir)
 }
 
@@ -95,7 +97,15 @@ func restored(p *Plan, took time.Duration) {
 	if err := RemoveImage(p.StateDir); err != nil {
 		fmt.Fprintf(os.Stderr, "moat shim: removing the restored image: %v\n", err)
 	}
+	// The daemon read them before it had the guest started.
+	os.RemoveAll(ForkKeysDir(p.StateDir))
 }
+
+// ForkKeysDir holds, in a sandbox made by moat fork and until its first
+// restore, its parent's client key and the agent's public host key: the
+// restored guest knows only those until it takes the fork's own
+// (daemon/fork.go). On disk: frozen.
+func ForkKeysDir(stateDir string) string { return filepath.Join(stateDir, "fork-keys") }
 
 // restoreFailed drops an image runsc could not restore (a corrupt one,
 // one of another gVisor, a configuration changed since the suspend) so
