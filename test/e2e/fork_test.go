@@ -54,7 +54,8 @@ func TestFork(t *testing.T) {
 	}
 	// The counter has counted a little, and a file is written.
 	deadline := time.Now().Add(20 * time.Second)
-	for count(parent) < 5 && time.Now().Before(deadline) {
+	started := func() int { n, _ := strconv.Atoi(sh(parent, "cat /tmp/count 2>/dev/null; true")); return n }
+	for started() < 5 && time.Now().Before(deadline) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	sh(parent, "echo before > /tmp/before-fork")
@@ -63,6 +64,7 @@ func TestFork(t *testing.T) {
 		t.Fatalf("the parent's session has MOAT_FORKKEY=%q; want a placeholder", parentPH)
 	}
 	parentCA := sh(parent, "cat /.moat/ca.pem")
+	mustMoat(t, dir, "network", "allow", parent, "fork-rule.test")
 	before := count(parent)
 
 	r := moat(t, dir, nil, "fork", parent, child)
@@ -160,6 +162,26 @@ func TestFork(t *testing.T) {
 		if sh(child, "grep -cF -- '"+line(parentCA)+"' "+bundle+"; true") != "0" {
 			t.Errorf("the child's %s still has the parent's CA", bundle)
 		}
+	})
+
+	t.Run("runtime_rules_copied", func(t *testing.T) {
+		if out := mustMoat(t, dir, "network", "list", child); !strings.Contains(out, "fork-rule.test") {
+			t.Errorf("the parent's runtime rule is not in the child's network list:\n%s", out)
+		}
+	})
+
+	t.Run("fork_of_a_suspended_sandbox", func(t *testing.T) {
+		grandchild := "fork-e2e-grandchild"
+		t.Cleanup(func() { moat(t, dir, nil, "destroy", "--yes", grandchild) })
+		mustMoat(t, dir, "suspend", child)
+		mustMoat(t, dir, "fork", child, grandchild)
+		if st := sandboxState(t, dir, child, nil); st != "suspended" {
+			t.Errorf("the suspended parent is %s after the fork, want suspended", st)
+		}
+		if got := sh(grandchild, "cat /tmp/only-child"); got != "c" {
+			t.Errorf("the fork of the suspended sandbox reads %q", got)
+		}
+		mustMoat(t, dir, "destroy", "--yes", grandchild)
 	})
 
 	t.Run("child_outlives_the_parent_and_goes_whole", func(t *testing.T) {
