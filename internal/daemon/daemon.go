@@ -574,7 +574,9 @@ func (d *daemon) waitAgent() error {
 		c, err := d.stack.DialGuest(ctx, 22)
 		cancel()
 		if err == nil && d.fork != nil {
-			if err := d.takeForkIdentity(c); err != nil {
+			if err := d.takeForkIdentity(c); errors.Is(err, errForkUnknown) {
+				return err
+			} else if err != nil {
 				d.log.Warn("fork: the restored guest has not taken this sandbox's identity yet", "err", err)
 				time.Sleep(100 * time.Millisecond)
 			} else {

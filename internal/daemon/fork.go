@@ -34,6 +34,9 @@ type forkKeys struct {
 	host   ssh.PublicKey
 }
 
+// errForkUnknown: the restored guest does not know guest.ForkRequest.
+var errForkUnknown = errors.New("the forked guest runs a moat from before moat fork and cannot take this sandbox's keys; its saved processes are dropped: start it again to boot it afresh with its files")
+
 // forkRekeyTimeout bounds the rekey connection: a handshake and the
 // guest rewriting its trust stores.
 const forkRekeyTimeout = 30 * time.Second
@@ -86,6 +89,11 @@ func (d *daemon) takeForkIdentity(c net.Conn) error {
 		return err
 	}
 	if !ok {
+		if len(reply) == 0 {
+			// An agent that does not know the request: a parent suspended
+			// by a moat from before fork. Waiting would not change it.
+			return errForkUnknown
+		}
 		return errors.New("the guest refused: " + string(reply))
 	}
 	d.log.Info("fork: the restored guest took this sandbox's own keys, placeholders and CA")
