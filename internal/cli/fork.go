@@ -193,7 +193,8 @@ func (e *env) copySandbox(pdir, cdir string, prec *state.Record, res *forkResult
 		Desired: "stopped", State: state.StateStopped, StopReason: state.StopUser,
 		Created: time.Now().UTC(), Stopped: prec.Stopped,
 		GuestUID: prec.GuestUID, GuestGID: prec.GuestGID, Config: prec.Config,
-		Rules: prec.Rules, Presets: prec.Presets, SetUp: prec.SetUp, Hook: prec.Hook,
+		// SetUp: on_create's work is in the copied files.
+		Rules: prec.Rules, Presets: prec.Presets, SetUp: prec.SetUp,
 		// Not Forwards: their host ports are the parent's. Not
 		// Placeholders: the child's are its own.
 	}
