@@ -2,7 +2,10 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"path/filepath"
+	"syscall"
 	"time"
 
 	"moat.dev/moat/internal/control"
@@ -41,7 +44,17 @@ func (s sandbox) client() *control.Client { return control.At(s.dir) }
 func (s sandbox) call(timeout time.Duration, req func(context.Context, *control.Client) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	return req(ctx, s.client())
+	err := req(ctx, s.client())
+	// A dial that finds no socket, or nobody on it, says nothing a user
+	// can act on by itself: name the sandbox, and where to look.
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED) {
+		state := "is not running"
+		if s.alive() {
+			state = "runs but does not answer on " + s.socket()
+		}
+		return fmt.Errorf("the daemon of sandbox %q %s (%w); see: moat logs %s", s.name, state, err, s.name)
+	}
+	return err
 }
 
 // ask asks the daemon, when it runs, and says whether it answered. It is

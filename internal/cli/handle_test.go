@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -135,6 +136,11 @@ func TestChange(t *testing.T) {
 			}
 			if got != tt.code {
 				t.Errorf("change exits %d (%v), want %d", got, err, tt.code)
+			}
+			// A live daemon without its socket: say so, and where to look,
+			// rather than the bare dial error.
+			if tt.alive && tt.d.socket == noSocket && (err == nil || !strings.Contains(err.Error(), "runs but does not answer on") || !strings.Contains(err.Error(), "see: moat logs "+s.name)) {
+				t.Errorf("change without a socket: %v; want the daemon named as not answering, and moat logs", err)
 			}
 			if got, want := edited(t, s), !tt.alive; got != want {
 				t.Errorf("record edited: %v, want %v", got, want)
