@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/dockerrt"
 	"moat.dev/moat/internal/state"
 )
 
@@ -30,6 +31,15 @@ func sandboxAt(dir string) sandbox { return sandbox{name: filepath.Base(dir), di
 // socket is left behind by a crash, and may exist before the daemon
 // answers on it.
 func (s sandbox) alive() bool { return state.DaemonAlive(s.dir) }
+
+// auditPath is the sandbox's audit log: its gate process's, or, for a
+// Docker sandbox, the one its gate container writes for the workload.
+func (s sandbox) auditPath() string {
+	if rec, err := state.Load(s.dir); err == nil && rec.Runtime == runtimeDocker {
+		return dockerrt.AuditPath(s.dir)
+	}
+	return state.AuditPath(s.dir)
+}
 
 // socket is the path of the daemon's control socket.
 func (s sandbox) socket() string { return control.Socket(s.dir) }

@@ -217,7 +217,7 @@ func (e *env) denials(dir string) (*control.Denials, error) {
 		return d, nil
 	}
 	l := audit.NewLedger(1024)
-	err := audit.Read(state.AuditPath(dir), func(r audit.Record) bool {
+	err := audit.Read(sandboxAt(dir).auditPath(), func(r audit.Record) bool {
 		if r.Verdict == audit.Deny && r.Proto != "dns" {
 			l.Add(r)
 		}
@@ -273,7 +273,7 @@ retention).`,
 				}
 				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
 			}
-			path := state.AuditPath(dir)
+			path := sandboxAt(dir).auditPath()
 			if !follow {
 				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
 				if errors.Is(err, fs.ErrNotExist) {

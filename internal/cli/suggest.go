@@ -15,7 +15,6 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/policy"
-	"moat.dev/moat/internal/state"
 )
 
 // Learning to a file: `moat network suggest` turns the denials (or, in
@@ -52,7 +51,7 @@ safety (loopback, private ranges, the host's own addresses).
 			if since > 0 {
 				from = time.Now().Add(-since)
 			}
-			err = audit.Read(state.AuditPath(dir), func(r audit.Record) bool {
+			err = audit.Read(sandboxAt(dir).auditPath(), func(r audit.Record) bool {
 				if !r.Time.Before(from) {
 					recs = append(recs, r)
 				}

@@ -184,3 +184,11 @@ func PolicyFile(files map[string][]byte, order []string, trust func(string) (str
 	slices.Sort(pol.Dropped)
 	return pol, nil
 }
+
+// AuditPath is, on the host, the audit log the gate container writes for
+// the workload of the sandbox whose state directory is dir: the service
+// keeps one per tenant under its state directory (gate/state, mounted at
+// gateState), named after the tenant.
+func AuditPath(dir string) string {
+	return filepath.Join(dir, "gate", "state", "audit", tenant+".jsonl")
+}
