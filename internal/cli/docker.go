@@ -159,24 +159,15 @@ func dockerGuest(dir string, rec *state.Record) (*guestspec.Spec, error) {
 }
 
 // dockerDown removes a Docker sandbox's containers and networks.
-func dockerDown(dir string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	eng, err := dockerrt.Connect(ctx)
-	if err != nil {
-		return withCode(ExitHost, err)
-	}
-	defer eng.Close()
-	err = dockerrt.Down(ctx, eng, dir)
-	if errors.Is(err, dockerrt.ErrNoRecord) {
-		return nil // made before its image was recorded: nothing in Docker
-	}
-	return err
-}
+func dockerDown(dir string) error { return onDocker(dir, dockerrt.Down) }
 
 // dockerStop is moat down for a Docker sandbox: its containers stop and
 // are kept.
-func dockerStop(dir string) error {
+func dockerStop(dir string) error { return onDocker(dir, dockerrt.Stop) }
+
+// onDocker connects to the engine and applies op to the sandbox in dir.
+// A sandbox made before its image was recorded has nothing in Docker.
+func onDocker(dir string, op func(context.Context, *dockerrt.Engine, string) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	eng, err := dockerrt.Connect(ctx)
@@ -184,11 +175,10 @@ func dockerStop(dir string) error {
 		return withCode(ExitHost, err)
 	}
 	defer eng.Close()
-	err = dockerrt.Stop(ctx, eng, dir)
-	if errors.Is(err, dockerrt.ErrNoRecord) {
-		return nil
+	if err := op(ctx, eng, dir); !errors.Is(err, dockerrt.ErrNoRecord) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // dockerNotes are doctor's lines about Docker: never failures, since
