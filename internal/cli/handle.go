@@ -32,13 +32,14 @@ func sandboxAt(dir string) sandbox { return sandbox{name: filepath.Base(dir), di
 // answers on it.
 func (s sandbox) alive() bool { return state.DaemonAlive(s.dir) }
 
-// auditPath is the sandbox's audit log: its gate process's, or, for a
-// Docker sandbox, the one its gate container writes for the workload.
-func (s sandbox) auditPath() string {
-	if rec, err := state.Load(s.dir); err == nil && rec.Runtime == runtimeDocker {
-		return dockerrt.AuditPath(s.dir)
+// auditPath is the audit log of the sandbox in dir, whose record is rec:
+// its gate process's, or, for a Docker sandbox, the one its gate
+// container writes for the workload.
+func auditPath(dir string, rec *state.Record) string {
+	if rec.Runtime == runtimeDocker {
+		return dockerrt.AuditPath(dir)
 	}
-	return state.AuditPath(s.dir)
+	return state.AuditPath(dir)
 }
 
 // socket is the path of the daemon's control socket.

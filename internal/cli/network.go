@@ -185,7 +185,7 @@ without NAME): how often, when last, and why, as the audit log says it.`,
 			}
 			var all []result
 			for _, r := range recs {
-				d, err := e.denials(e.dirs.Sandbox(r.Name))
+				d, err := e.denials(e.dirs.Sandbox(r.Name), r)
 				if err != nil {
 					return err
 				}
@@ -212,12 +212,12 @@ without NAME): how often, when last, and why, as the audit log says it.`,
 
 // denials asks the running daemon for its ledger; for a stopped sandbox it
 // rebuilds one from the audit log.
-func (e *env) denials(dir string) (*control.Denials, error) {
+func (e *env) denials(dir string, rec *state.Record) (*control.Denials, error) {
 	if d, ok := ask(sandboxAt(dir), 5*time.Second, (*control.Client).Denials); ok {
 		return d, nil
 	}
 	l := audit.NewLedger(1024)
-	err := audit.Read(sandboxAt(dir).auditPath(), func(r audit.Record) bool {
+	err := audit.Read(auditPath(dir, rec), func(r audit.Record) bool {
 		if r.Verdict == audit.Deny && r.Proto != "dns" {
 			l.Add(r)
 		}
@@ -246,7 +246,7 @@ retention).`,
   moat network audit api --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			_, dir, _, err := sandboxNamed(args[0])
+			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -273,7 +273,7 @@ retention).`,
 				}
 				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
 			}
-			path := sandboxAt(dir).auditPath()
+			path := auditPath(dir, rec)
 			if !follow {
 				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
 				if errors.Is(err, fs.ErrNotExist) {

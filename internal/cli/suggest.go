@@ -42,7 +42,7 @@ safety (loopback, private ranges, the host's own addresses).
   moat network suggest api --since 1h`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			_, dir, _, err := sandboxNamed(args[0])
+			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -51,7 +51,7 @@ safety (loopback, private ranges, the host's own addresses).
 			if since > 0 {
 				from = time.Now().Add(-since)
 			}
-			err = audit.Read(sandboxAt(dir).auditPath(), func(r audit.Record) bool {
+			err = audit.Read(auditPath(dir, rec), func(r audit.Record) bool {
 				if !r.Time.Before(from) {
 					recs = append(recs, r)
 				}
