@@ -43,7 +43,11 @@ func sandboxRuntime(flag string, cfg config.Config) (string, error) {
 	case runtimeDocker:
 		return rt, nil
 	}
-	return "", codef(ExitUsage, "--runtime %q: write gvisor (moat's own sandbox) or docker (containers through the Docker engine)", flag)
+	where := "--runtime"
+	if flag == "" {
+		where = "[sandbox] runtime"
+	}
+	return "", codef(ExitUsage, "%s %q: write gvisor (moat's own sandbox) or docker (containers through the Docker engine)", where, rt)
 }
 
 // dockerPrepare records a new Docker sandbox's image digest and runtime.
