@@ -160,7 +160,8 @@ func Run(o Options) error {
 	return err
 }
 
-// newDaemon is the keeper's daemon, before its start.
+// newDaemon is a daemon before its start: the keeper's, or the gate
+// process's (which never uses guestGo and shimReady).
 func newDaemon(o Options) *daemon {
 	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())

@@ -38,8 +38,7 @@ import (
 // keeper with the fds keeper.go names; it returns when the keeper ends the
 // link.
 func RunGate(o Options) error {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{})}
-	d.ctx, d.cancel = context.WithCancel(context.Background())
+	d := newDaemon(o)
 	defer startProfile()()
 	err := d.runGate()
 	if err != nil && !errors.Is(err, errStopped) && d.keeper != nil {

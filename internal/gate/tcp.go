@@ -71,9 +71,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 		g.step(t, audit.StepAddressClass, !sp, t.start)
 		if sp {
 			f.Refuse()
-			steps := t.steps
 			t.rec = g.specialRecord("tcp", dst, class)
-			t.steps = steps
 			g.deny(t)
 			return
 		}
