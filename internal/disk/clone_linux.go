@@ -1,10 +1,10 @@
 package disk
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-
-	"golang.org/x/sys/unix"
 )
 
 // Clone copies the file src to dst (which must not exist), mode 0600: a
@@ -14,30 +14,15 @@ import (
 // It reports whether it reflinked. Used by moat fork, on a stopped
 // sandbox's files, so nothing writes src during the copy.
 func Clone(src, dst string) (reflinked bool, err error) {
-	in, err := os.Open(src)
+	fi, err := os.Stat(src)
 	if err != nil {
 		return false, err
 	}
-	fi, err := in.Stat()
-	if err != nil {
-		in.Close()
-		return false, err
-	}
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		in.Close()
-		return false, err
-	}
-	cerr := unix.IoctlFileClone(int(out.Fd()), int(in.Fd()))
-	in.Close()
-	out.Close()
-	if cerr == nil {
-		return true, nil
-	}
-	os.Remove(dst)
-	if err := copySparse(src, dst, uint64(fi.Size())); err != nil {
-		os.Remove(dst)
+	if reflinked, err = copySparse(src, dst, uint64(fi.Size())); err != nil {
+		if !errors.Is(err, fs.ErrExist) { // dst is someone else's: keep it
+			os.Remove(dst)
+		}
 		return false, fmt.Errorf("copying %s: %w", src, err)
 	}
-	return false, nil
+	return reflinked, nil
 }

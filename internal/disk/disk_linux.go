@@ -126,7 +126,7 @@ func create(path string, size uint64, templates string) error {
 	} else {
 		var tpl string
 		if tpl, err = template(templates, size); err == nil {
-			err = copySparse(tpl, tmp, size)
+			_, err = copySparse(tpl, tmp, size)
 		}
 	}
 	if err == nil {
@@ -190,23 +190,24 @@ func template(dir string, size uint64) (string, error) {
 
 // copySparse copies src to dst (new), size bytes, copying only src's
 // data and leaving its holes as holes: a reflink where the filesystem
-// has them, else each data extent with copy_file_range.
-func copySparse(src, dst string, size uint64) error {
+// has them, else each data extent with copy_file_range. It reports
+// whether it reflinked.
+func copySparse(src, dst string, size uint64) (reflinked bool, err error) {
 	in, err := os.Open(src)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer in.Close()
 	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer out.Close()
 	if unix.IoctlFileClone(int(out.Fd()), int(in.Fd())) == nil {
-		return nil
+		return true, nil
 	}
 	if err := out.Truncate(int64(size)); err != nil {
-		return err
+		return false, err
 	}
 	rfd, wfd := int(in.Fd()), int(out.Fd())
 	for off := int64(0); off < int64(size); {
@@ -215,21 +216,21 @@ func copySparse(src, dst string, size uint64) error {
 			break // only a hole is left
 		}
 		if err != nil {
-			return fmt.Errorf("reading the extents of %s: %w", src, err)
+			return false, fmt.Errorf("reading the extents of %s: %w", src, err)
 		}
 		hole, err := unix.Seek(rfd, data, unix.SEEK_HOLE)
 		if err != nil {
-			return fmt.Errorf("reading the extents of %s: %w", src, err)
+			return false, fmt.Errorf("reading the extents of %s: %w", src, err)
 		}
 		for r, w := data, data; r < hole; {
 			n, err := unix.CopyFileRange(rfd, &r, wfd, &w, int(hole-r), 0)
 			if err != nil || n == 0 {
-				return fmt.Errorf("copying %s: %v", src, err)
+				return false, fmt.Errorf("copying %s: %v", src, err)
 			}
 		}
 		off = hole
 	}
-	return nil
+	return false, nil
 }
 
 // resize changes the image's size offline, the file first when it grows
