@@ -192,16 +192,25 @@ func upstreamRoots(files []string) (*x509.CertPool, error) {
 	if err != nil || pool == nil {
 		pool = x509.NewCertPool()
 	}
+	if err := AppendTrust(pool, files); err != nil {
+		return nil, err
+	}
+	return pool, nil
+}
+
+// AppendTrust adds the certificates of [network] trust's files to pool,
+// for the sandbox's gate and the gate service alike.
+func AppendTrust(pool *x509.CertPool, files []string) error {
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			return nil, fmt.Errorf("network.trust: reading %s: %w", f, err)
+			return fmt.Errorf("network.trust: reading %s: %w", f, err)
 		}
 		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("network.trust: %s holds no PEM certificate; give a file of \"-----BEGIN CERTIFICATE-----\" blocks", f)
+			return fmt.Errorf("network.trust: %s holds no PEM certificate; give a file of \"-----BEGIN CERTIFICATE-----\" blocks", f)
 		}
 	}
-	return pool, nil
+	return nil
 }
 
 // handlePreset adds a preset to the running sandbox: its hosts as the

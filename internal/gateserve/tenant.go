@@ -70,14 +70,8 @@ func readRules(t Tenant, system *x509.CertPool) (*rules, error) {
 	r := &rules{network: merged.Network, audit: merged.Audit, secrets: merged.Secrets, policy: policy.Compile(rs)}
 	if len(merged.Network.Trust) > 0 {
 		r.roots = system.Clone()
-		for _, p := range merged.Network.Trust {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return nil, fmt.Errorf("tenant %s: [network] trust: %w", t.Name, err)
-			}
-			if !r.roots.AppendCertsFromPEM(b) {
-				return nil, fmt.Errorf("tenant %s: [network] trust: %s holds no PEM certificate", t.Name, p)
-			}
+		if err := daemon.AppendTrust(r.roots, merged.Network.Trust); err != nil {
+			return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 		}
 	}
 	return r, nil
