@@ -57,7 +57,8 @@ sandbox as suspended with the size of its image.`,
 			if !s.alive() {
 				if st, _ := state.Effective(rec, dir); st == state.StateSuspended {
 					fmt.Fprintf(os.Stderr, "moat: sandbox %q is suspended already\n", rec.Name)
-					return printSuspended(c, asJSON, dir, rec.Name, 0)
+					size, _ := runtime.ImageSize(dir)
+					return printSuspended(c, asJSON, rec.Name, size, 0)
 				}
 				return codef(ExitUsage, "sandbox %q is not running; nothing to suspend (start it with: moat up %s)", rec.Name, rec.Name)
 			}
@@ -95,18 +96,17 @@ sandbox as suspended with the size of its image.`,
 			}
 			size, _ := runtime.ImageSize(dir)
 			fmt.Fprintf(os.Stderr, "moat: suspended %s (image %s); resume with: moat resume %s\n", rec.Name, disk.FormatBytes(uint64(size)), rec.Name)
-			return printSuspended(c, asJSON, dir, rec.Name, ended)
+			return printSuspended(c, asJSON, rec.Name, size, ended)
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
 	return c
 }
 
-func printSuspended(c *cobra.Command, asJSON bool, dir, name string, ended int) error {
+func printSuspended(c *cobra.Command, asJSON bool, name string, size int64, ended int) error {
 	if !asJSON {
 		return nil
 	}
-	size, _ := runtime.ImageSize(dir)
 	return json.NewEncoder(c.OutOrStdout()).Encode(suspendResult{Schema: 1, Name: name, State: state.StateSuspended,
 		ImageBytes: size, SessionsEnded: ended})
 }
