@@ -62,6 +62,14 @@ func readRules(t Tenant, system *x509.CertPool) (*rules, error) {
 			return nil, fmt.Errorf("tenant %s: secret %s (%s): the gate service runs jailed and cannot run commands; read it from env: or file:", t.Name, name, s.Source)
 		}
 	}
+	// A policy's list is loaded by the sandbox's keeper; the service does
+	// not load lists yet, and a list left out would drop its rules
+	// without a word.
+	for name, p := range merged.Network.Policies {
+		if p.Source != "" {
+			return nil, fmt.Errorf("tenant %s: [policies.%s] in %s reads a list from %s, which the gate service does not load yet; give its rules as allow and block, or remove source", t.Name, name, p.File, p.Source)
+		}
+	}
 	rs, err := daemon.Rules(daemon.RuleSources{Network: merged.Network})
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
