@@ -61,7 +61,8 @@
 //	                     decision was made (for connections, when they began)
 //	sandbox      string  the sandbox's name
 //	proto        string  "tcp", "udp", "dns" or "icmp"; "http" for one request
-//	                     inside a TLS connection the gate terminated (the
+//	                     inside a TLS connection the gate terminated; "mcp" for one
+//	                     MCP call inside such a request (see below) (the
 //	                     connection itself has its own "tcp" record); "" only
 //	                     in a dropped record and in the count of denials beyond
 //	                     the tracked set
@@ -132,6 +133,18 @@
 //	                     request head), "policy", "inspection", "request_rules",
 //	                     "secrets", "dial", "capacity", "audit". Omitted when not
 //	                     traced
+//	mcp_server   string  in an "mcp" record: the [mcp.NAME] server the call went to
+//	mcp_method   string  the JSON-RPC method: "tools/call", "resources/read", ...
+//	mcp_tool     string  the tool called (tools/call), at most 256 bytes
+//	mcp_uri      string  the resource read (resources/*), at most 512 bytes
+//	mcp_arguments string the call's arguments as JSON, scrubbed of secret values and
+//	                     cut at 2 KiB; only when the server has audit_arguments = true
+//
+// Proto "mcp" is one JSON-RPC call to a declared MCP server, read inside a
+// request the gate terminated (a request that was carried has its own
+// "http" record too): verdict, rule (the tools or resources pattern that
+// decided, as written), reason, duration_ms (from the request to the end
+// of its answer), and the fields above.
 //
 // A dropped record says that records were lost: verdict "dropped",
 // dropped the count, proto and dst empty, reason why. The gate made
@@ -216,6 +229,12 @@ type Record struct {
 	// documentation.
 	RejectedBy string `json:"rejected_by,omitempty"`
 	Steps      []Step `json:"steps,omitempty"`
+	// Added with MCP rules (proto "mcp"); see the package documentation.
+	MCPServer    string `json:"mcp_server,omitempty"`
+	MCPMethod    string `json:"mcp_method,omitempty"`
+	MCPTool      string `json:"mcp_tool,omitempty"`
+	MCPURI       string `json:"mcp_uri,omitempty"`
+	MCPArguments string `json:"mcp_arguments,omitempty"`
 }
 
 // Step is one check that looked at a connection or request, in a record's

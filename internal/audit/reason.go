@@ -52,6 +52,22 @@ const (
 	ReasonHeld Reason = "held for a watcher"
 	// ReasonWatcherLeft: the hold's watchers left before answering.
 	ReasonWatcherLeft = ReasonHeld + ", who left"
+	// ReasonMCPNoRule: no tools or resources pattern of the MCP server
+	// allows the call (default deny).
+	ReasonMCPNoRule Reason = "no MCP rule allows it"
+	// ReasonMCPBlocked: a "!" pattern refused the call; rule says which.
+	ReasonMCPBlocked Reason = "blocked by MCP rule"
+	// ReasonMCPMethod: a JSON-RPC method the gate does not let through
+	// to MCP servers.
+	ReasonMCPMethod Reason = "MCP method not let through"
+	// ReasonMCPBatch: an allowed call refused with the batch it came in,
+	// because another member of the batch was refused.
+	ReasonMCPBatch Reason = "refused with its batch"
+	// ReasonMCPMalformed: a body to an MCP server that is not JSON-RPC
+	// the gate can decide on; nothing of it was sent.
+	ReasonMCPMalformed Reason = "malformed MCP message"
+	// ReasonMCPTooLarge: a message to an MCP server over the gate's bound.
+	ReasonMCPTooLarge Reason = "MCP message too large"
 )
 
 // Fixed parts of the reasons that carry a detail; the functions below add

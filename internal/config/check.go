@@ -89,6 +89,11 @@ func (c *checker) file(raw *rawFile) *File {
 		MaxHolds:       c.atLeast("network.max_holds", raw.Network.MaxHolds, 1),
 	}
 	f.Policies = c.policies(raw.Policies)
+	f.MCP = c.mcp(raw.MCP)
+	for _, s := range SortedMCP(f.MCP) {
+		// Declaring a server allows its URL, in this file's layer.
+		f.Network.Allow = union(f.Network.Allow, s.AllowEntries())
+	}
 	f.Audit = c.audit(&raw.Audit)
 	f.Secrets = c.secrets(raw.Secrets)
 	f.Env = c.env(raw.Env)

@@ -222,6 +222,10 @@ type Network struct {
 	// narrower file's definition replaces a wider one's whole. They
 	// live here, not beside Network, so the gate gets them with its rules.
 	Policies map[string]Policy `json:"policies,omitempty"`
+	// MCP are the [mcp.NAME] servers of every file, by name; a narrower
+	// file's declaration replaces a wider one's whole. Here for the same
+	// reason as Policies: the gate decides their calls.
+	MCP map[string]MCPServer `json:"mcp,omitempty"`
 }
 
 // Secret is a credential the gate swaps in for a placeholder. From names

@@ -249,7 +249,7 @@ func pattern(parts []string) string {
 			if len(out) > 0 {
 				out[len(out)-1] += "[]"
 			}
-		case i == 1 && (parts[0] == "secrets" || parts[0] == "env" || parts[0] == "policies"):
+		case i == 1 && (parts[0] == "secrets" || parts[0] == "env" || parts[0] == "policies" || parts[0] == "mcp"):
 			out = append(out, "*")
 		default:
 			out = append(out, s)

@@ -53,6 +53,7 @@ func Merge(layers ...*File) Config {
 		c.Sources = append(c.Sources, f.Path)
 		c.mergeSandbox(f)
 		c.mergePolicies(f)
+		c.mergeMCP(f)
 		for _, s := range f.Shares {
 			c.Shares = upsert(c.Shares, s, func(a, b Share) bool { return a.Target == b.Target })
 		}
@@ -159,6 +160,9 @@ func (c *Config) mergeNetwork(n NetworkLayer) {
 // two settings, the one the user most likely just wrote.
 func (c Config) Validate() error {
 	if err := c.validateUse(); err != nil {
+		return err
+	}
+	if err := c.validateMCP(); err != nil {
 		return err
 	}
 	s := c.Sandbox

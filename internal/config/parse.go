@@ -33,6 +33,7 @@ type File struct {
 	SSHAgent SSHAgent
 	Policies map[string]Policy // [policies.NAME]
 	Audit    AuditLayer
+	MCP      map[string]MCPServer // [mcp.NAME]
 
 	ix *docIndex // positions of keys, for errors found after merging
 }
@@ -126,6 +127,7 @@ type rawFile struct {
 	SSHAgent rawSSHAgent          `toml:"ssh_agent"`
 	Policies map[string]rawPolicy `toml:"policies"`
 	Audit    rawAudit             `toml:"audit"`
+	MCP      map[string]rawMCP    `toml:"mcp"`
 }
 
 type rawAudit struct {
@@ -199,7 +201,7 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit"},
+	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit", "mcp"},
 	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk", "platform"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
@@ -210,6 +212,7 @@ var knownKeys = map[string][]string{
 	"hooks":      {"on_create", "on_up"},
 	"ssh_agent":  {"keys", "confirm"},
 	"audit":      {"max_size", "retention"},
+	"mcp.*":      {"url", "secret", "tools", "resources", "audit_arguments"},
 }
 
 // want is what a key's value must be, for type errors.

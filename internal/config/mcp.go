@@ -1,0 +1,266 @@
+package config
+
+// [mcp.NAME]: a remote MCP server the agent may use, and which of its
+// tools and resources. Declaring one allows its URL (host, port and path)
+// through the gate as request rules of the file's own network layer, so
+// the gate terminates TLS to it and a project's declaration needs the
+// user's consent like any other network.allow (the consent lists it).
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/pelletier/go-toml/v2/unstable"
+
+	"moat.dev/moat/internal/policy"
+)
+
+// MCPServer is one [mcp.NAME] table. Persisted in the record's
+// configuration snapshot (under network): JSON names frozen.
+type MCPServer struct {
+	Name string `json:"name"`
+	// URL is as written; Host (normalized), Port and Path (escaped, no
+	// trailing "/", "/" for the root) are read from it.
+	URL  string `json:"url"`
+	Host string `json:"host"`
+	Port uint16 `json:"port"`
+	Path string `json:"path"`
+	// Secret names a [secrets] entry bound to Host, whose placeholder
+	// the presets put in the agent's MCP configuration.
+	Secret    string   `json:"secret,omitempty"`
+	Tools     []string `json:"tools,omitempty"`
+	Resources []string `json:"resources,omitempty"`
+	// AuditArguments writes each call's arguments to the audit.
+	AuditArguments bool   `json:"audit_arguments,omitempty"`
+	Source         string `json:"source,omitempty"` // the file that declared it
+}
+
+// AllowEntries are the request rules that let the server's URL through:
+// its path and everything below it, any method.
+func (s MCPServer) AllowEntries() []string {
+	hp := s.Host + ":" + strconv.Itoa(int(s.Port))
+	if s.Path == "/" {
+		return []string{hp + "/*"}
+	}
+	return []string{hp + s.Path, hp + s.Path + "/*"}
+}
+
+// SortedMCP is m's servers sorted by name.
+func SortedMCP(m map[string]MCPServer) []MCPServer {
+	out := make([]MCPServer, 0, len(m))
+	for _, n := range sortedKeys(m) {
+		out = append(out, m[n])
+	}
+	return out
+}
+
+type rawMCP struct {
+	URL            *string  `toml:"url"`
+	Secret         *string  `toml:"secret"`
+	Tools          []string `toml:"tools"`
+	Resources      []string `toml:"resources"`
+	AuditArguments bool     `toml:"audit_arguments"`
+}
+
+// tokenQuery are words in a query parameter's name that say it carries
+// a credential.
+var tokenQuery = []string{"token", "key", "secret", "password", "passwd", "auth", "sig", "credential", "session"}
+
+func (c *checker) mcp(raw map[string]rawMCP) map[string]MCPServer {
+	var out map[string]MCPServer
+	for _, name := range sortedKeys(raw) {
+		r := raw[name]
+		key := "mcp." + displayKey([]string{name})
+		if !validPolicyName(name) {
+			c.fail(key, "MCP server name %q: use lower-case letters, digits, - and _, e.g. [mcp.github]", name)
+			continue
+		}
+		if r.URL == nil {
+			c.fail(key, `no url; write e.g. url = "https://mcp.example.com/mcp"`)
+			continue
+		}
+		s, ok := c.mcpURL(key+".url", *r.URL)
+		if !ok {
+			continue
+		}
+		s.Name, s.Source, s.AuditArguments = name, c.path, r.AuditArguments
+		if r.Secret != nil {
+			if !isEnvName(*r.Secret) {
+				c.fail(key+".secret", "%q is not a secret's name; write the NAME of a [secrets.NAME] entry", *r.Secret)
+				continue
+			}
+			s.Secret = *r.Secret
+		}
+		s.Tools = c.mcpPatterns(key+".tools", r.Tools)
+		s.Resources = c.mcpPatterns(key+".resources", r.Resources)
+		if out == nil {
+			out = map[string]MCPServer{}
+		}
+		out[name] = s
+	}
+	return out
+}
+
+// mcpURL reads an MCP server's URL: https, a name (request rules need
+// one), no credentials in it.
+func (c *checker) mcpURL(key, v string) (MCPServer, bool) {
+	var s MCPServer
+	u, err := url.Parse(v)
+	if err != nil || u.Host == "" || u.Opaque != "" {
+		c.fail(key, "%q is not a URL; write e.g. \"https://mcp.example.com/mcp\"", v)
+		return s, false
+	}
+	useSecret := "put the credential in a secret instead: [secrets.NAME] with from = \"env:VAR\" and hosts = [\"" +
+		u.Hostname() + "\"], then secret = \"NAME\" here"
+	switch {
+	case u.User != nil:
+		c.fail(key, "the URL carries credentials (user info); remove them and %s", useSecret)
+		return s, false
+	case u.Scheme != "https":
+		c.fail(key, "%q: the gate reads MCP traffic over https only; write an https:// URL", v)
+		return s, false
+	case u.Fragment != "" || strings.Contains(v, "#"):
+		c.fail(key, "%q has a fragment; remove it", v)
+		return s, false
+	}
+	for k, vals := range u.Query() {
+		lk := strings.ToLower(k)
+		looks := slices.ContainsFunc(tokenQuery, func(w string) bool { return strings.Contains(lk, w) })
+		for _, x := range vals {
+			looks = looks || len(x) >= 20
+		}
+		if looks {
+			c.fail(key, "the URL's query parameter %q looks like a credential; remove it and %s, with query = %q", k, useSecret, k)
+			return s, false
+		}
+	}
+	host, err := policy.NormalizeName(u.Hostname())
+	if err != nil || net.ParseIP(u.Hostname()) != nil {
+		c.fail(key, "%q: the server needs a host name (the gate decides MCP by name), not an address", v)
+		return s, false
+	}
+	s.URL, s.Host, s.Port, s.Path = v, host, 443, strings.TrimSuffix(u.EscapedPath(), "/")
+	if p := u.Port(); p != "" {
+		n, err := strconv.ParseUint(p, 10, 16)
+		if err != nil || n == 0 {
+			c.fail(key, "%q: port %q is not 1-65535", v, p)
+			return s, false
+		}
+		s.Port = uint16(n)
+	}
+	if s.Path == "" {
+		s.Path = "/"
+	}
+	for _, e := range s.AllowEntries() {
+		if _, err := policy.ParseEntry(e); err != nil {
+			c.fail(key, "%q: its path cannot be a gate rule: %v", v, err)
+			return s, false
+		}
+	}
+	return s, true
+}
+
+// mcpPatterns checks tools or resources patterns: "*" globs, "!" refuses.
+func (c *checker) mcpPatterns(key string, v []string) []string {
+	var out []string
+	for i, p := range v {
+		k := fmt.Sprintf("%s[%d]", key, i)
+		body := strings.TrimPrefix(p, "!")
+		switch {
+		case body == "":
+			c.fail(k, "empty pattern; write a name, a glob such as \"search_*\", or \"!name\" to refuse one")
+			continue
+		case strings.HasPrefix(body, "!"):
+			c.fail(k, "%q: one \"!\" refuses; write %q", p, "!"+strings.TrimLeft(body, "!"))
+			continue
+		case strings.ContainsFunc(p, func(r rune) bool { return r <= ' ' || r == 0x7f }):
+			c.fail(k, "%q contains white space or control characters; patterns match names exactly", p)
+			continue
+		}
+		out = appendNew(out, p)
+	}
+	return out
+}
+
+// validateMCP checks what spans files: each server's secret is defined
+// and bound to the server's host.
+func (c Config) validateMCP() error {
+	for _, s := range SortedMCP(c.Network.MCP) {
+		if s.Secret == "" {
+			continue
+		}
+		e := c.origin["mcp."+s.Name+".secret"]
+		if e == nil {
+			e = &Error{File: s.Source}
+		}
+		out := *e
+		out.Key = "mcp." + s.Name + ".secret"
+		sec, ok := c.Secrets[s.Secret]
+		switch {
+		case !ok:
+			out.Msg = fmt.Sprintf("no secret %s is defined; add [secrets.%s] with from = \"env:VAR\" and hosts = [%q]", s.Secret, s.Secret, s.Host)
+			return &out
+		case !slices.ContainsFunc(sec.Hosts, func(h string) bool { return hostCovers(h, s.Host) }):
+			out.Msg = fmt.Sprintf("secret %s is bound to %s, not to %s; add %q to its hosts (%s)", s.Secret,
+				strings.Join(sec.Hosts, ", "), s.Host, s.Host, sec.Source)
+			return &out
+		}
+	}
+	return nil
+}
+
+// hostCovers reports whether a secret's host entry ("api.example.com",
+// "*.example.com", either with a port) covers host.
+func hostCovers(entry, host string) bool {
+	if h, _, err := net.SplitHostPort(entry); err == nil {
+		entry = h
+	}
+	n, err := policy.NormalizeName(strings.TrimPrefix(entry, "*."))
+	if err != nil {
+		return false
+	}
+	if strings.HasPrefix(entry, "*.") {
+		return strings.HasSuffix(host, "."+n)
+	}
+	return n == host
+}
+
+// mergeMCP takes f's servers, each replacing a wider file's of the same
+// name whole (a project's tools list does not add to the user's).
+func (c *Config) mergeMCP(f *File) {
+	for _, name := range sortedKeys(f.MCP) {
+		if c.Network.MCP == nil {
+			c.Network.MCP = map[string]MCPServer{}
+		}
+		c.Network.MCP[name] = f.MCP[name]
+		key := "mcp." + name + ".secret"
+		delete(c.origin, key)
+		if f.MCP[name].Secret != "" {
+			c.origin[key] = where(f.Path, f.ix, key)
+		}
+	}
+}
+
+// mcpWants is the [mcp] part of the schema (wants), kept here with the
+// rest of the section.
+var mcpWants = map[string]want{
+	"mcp":                   {"a table of [mcp.NAME] tables", []unstable.Kind{unstable.Table, unstable.InlineTable}},
+	"mcp.*":                 wantTable,
+	"mcp.*.url":             wantString,
+	"mcp.*.secret":          wantString,
+	"mcp.*.tools":           wantList,
+	"mcp.*.tools[]":         wantString,
+	"mcp.*.resources":       wantList,
+	"mcp.*.resources[]":     wantString,
+	"mcp.*.audit_arguments": wantBool,
+}
+
+func init() {
+	for k, v := range mcpWants {
+		wants[k] = v
+	}
+}

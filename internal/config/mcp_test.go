@@ -1,0 +1,116 @@
+package config
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestMCPParse(t *testing.T) {
+	f, err := Parse("/p/moat.toml", []byte(`
+[mcp.gh]
+url = "https://MCP.Example.com/mcp/"
+secret = "GH_TOKEN"
+tools = ["search_*", "read_file", "!delete_*"]
+resources = ["repo://*"]
+audit_arguments = true
+
+[mcp.root]
+url = "https://root.example.com:8443"
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gh := f.MCP["gh"]
+	if gh.Host != "mcp.example.com" || gh.Port != 443 || gh.Path != "/mcp" || gh.Secret != "GH_TOKEN" ||
+		!gh.AuditArguments || len(gh.Tools) != 3 || gh.Source != "/p/moat.toml" {
+		t.Errorf("gh = %+v", gh)
+	}
+	root := f.MCP["root"]
+	if root.Port != 8443 || root.Path != "/" || len(root.Tools) != 0 {
+		t.Errorf("root = %+v", root)
+	}
+	want := []string{"mcp.example.com:443/mcp", "mcp.example.com:443/mcp/*", "root.example.com:8443/*"}
+	if !slices.Equal(f.Network.Allow, want) {
+		t.Errorf("network.allow = %q, want %q", f.Network.Allow, want)
+	}
+}
+
+func TestMCPParseRefuses(t *testing.T) {
+	for _, tc := range []struct{ toml, want string }{
+		{`url = "https://user:pw@mcp.example.com/mcp"`, "put the credential in a secret instead"},
+		{`url = "https://mcp.example.com/mcp?access_token=abc"`, `query parameter "access_token" looks like a credential`},
+		{`url = "https://mcp.example.com/mcp?x=abcdefghijklmnopqrstuvwxyz"`, "looks like a credential"},
+		{`url = "http://mcp.example.com/mcp"`, "https only"},
+		{`url = "https://192.0.2.1/mcp"`, "host name"},
+		{`url = "https://mcp.example.com/mcp#x"`, "fragment"},
+		{`url = "mcp.example.com"`, "not a URL"},
+		{`tools = ["x"]`, "no url"},
+		{"url = \"https://a.example.com\"\ntools = [\"!\"]", "empty pattern"},
+		{"url = \"https://a.example.com\"\ntools = [\"!!x\"]", `one "!" refuses`},
+		{"url = \"https://a.example.com\"\ntools = [\"a b\"]", "white space"},
+		{"url = \"https://a.example.com\"\nsecret = \"a-b\"", "not a secret's name"},
+		{"url = \"https://a.example.com\"\ntool = [\"x\"]", "tool"},
+		{"url = \"https://a.example.com\"\ntools = \"x\"", "expected a list of strings"},
+	} {
+		_, err := Parse("moat.toml", []byte("[mcp.s]\n"+tc.toml+"\n"))
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want one containing %q", tc.toml, err, tc.want)
+			continue
+		}
+		if !strings.HasPrefix(err.Error(), "moat.toml:") {
+			t.Errorf("%s: %v names no file and line", tc.toml, err)
+		}
+	}
+	if _, err := Parse("moat.toml", []byte("[mcp.Bad]\nurl = \"https://a.example.com\"\n")); err == nil {
+		t.Error("an upper-case server name was accepted")
+	}
+}
+
+func TestMCPValidateSecret(t *testing.T) {
+	user := mustParse(t, "/u/config.toml", `
+[secrets.GH_TOKEN]
+from = "env:GH_TOKEN"
+hosts = ["api.example.com"]
+
+[secrets.WILD]
+from = "env:WILD"
+hosts = ["*.example.com"]
+`)
+	for _, tc := range []struct{ proj, want string }{
+		{"[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\nsecret = \"NOPE\"", "no secret NOPE is defined"},
+		{"[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\nsecret = \"GH_TOKEN\"", `add "mcp.example.com" to its hosts`},
+		{"[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\nsecret = \"WILD\"", ""},
+		{"[mcp.gh]\nurl = \"https://api.example.com/mcp\"\nsecret = \"GH_TOKEN\"", ""},
+	} {
+		err := Merge(user, mustParse(t, "/p/moat.toml", tc.proj)).Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.proj, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: err = %v, want %q", tc.proj, err, tc.want)
+		case tc.want != "" && !strings.HasPrefix(err.Error(), "/p/moat.toml:3"):
+			t.Errorf("%s: %v does not point at the secret's line", tc.proj, err)
+		}
+	}
+}
+
+func TestMCPMergeReplacesWhole(t *testing.T) {
+	user := mustParse(t, "/u/config.toml", "[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\ntools = [\"*\"]\n")
+	proj := mustParse(t, "/p/moat.toml", "[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\ntools = [\"read_*\"]\n")
+	c := Merge(user, proj)
+	if got := c.Network.MCP["gh"]; !slices.Equal(got.Tools, []string{"read_*"}) || got.Source != "/p/moat.toml" {
+		t.Errorf("merged gh = %+v", got)
+	}
+	// Each file's layer allows the URL it declared: the project's needs consent as its own.
+	var layers []string
+	for _, l := range c.Network.Layers {
+		if slices.Contains(l.Allow, "mcp.example.com:443/mcp") {
+			layers = append(layers, l.Source)
+		}
+	}
+	if !slices.Equal(layers, []string{"/u/config.toml", "/p/moat.toml"}) {
+		t.Errorf("layers allowing the URL: %q", layers)
+	}
+}
