@@ -70,7 +70,15 @@ type DNSOptions struct {
 	Decide   NameDecider // nil: every name is denied (fail closed)
 	Resolver *Resolver   // nil: allowed names get SERVFAIL
 	Pool     *Pool       // nil: denied names get REFUSED
-	Bindings *Bindings   // nil: answers are not bound (tests only)
+	// PoolAll answers an allowed name with its pool address too, once it
+	// resolved upstream (a name that does not exist stays NXDOMAIN, and
+	// its real answers are bound as usual): a front end that owns the
+	// pool's range and hands the gate every connection to it (the gate
+	// service's names range) then decides a connection on any port by
+	// the name bound there. The event says Front: the answer is an
+	// address of the gate's own.
+	PoolAll  bool
+	Bindings *Bindings // nil: answers are not bound (tests only)
 	Audit    DNSAudit
 	Now      func() time.Time
 	// Refused reports an answer address the gate would never dial (a
@@ -173,6 +181,10 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent, fron
 			if front.Is4() && len(resp.Answer) > 0 {
 				resp.Answer = []dns.RR{aRecord(q.Name, front, resp.Answer[0].Header().Ttl)}
 				ev.Answers, ev.Front = []netip.Addr{front}, true
+			} else if s.o.PoolAll && len(resp.Answer) > 0 {
+				resp.Answer = nil
+				s.answerPool(q, name, resp, ev)
+				ev.Front = true
 			}
 		case front.Is4():
 			// A denied name comes to the gate too, which refuses the
@@ -181,6 +193,7 @@ func (s *DNSServer) handle(ctx context.Context, query []byte, ev *DNSEvent, fron
 			ev.Answers, ev.Front = []netip.Addr{front}, true
 		default:
 			s.answerPool(q, name, resp, ev)
+			ev.Front = s.o.PoolAll
 		}
 	case dns.TypePTR:
 		s.answerPTR(q, name, resp, ev)
@@ -317,7 +330,7 @@ func (s *DNSServer) answerPool(q dns.Question, name string, resp *reply, ev *DNS
 // address.
 func (s *DNSServer) answerPTR(q dns.Question, name string, resp *reply, ev *DNSEvent) {
 	ip, ok := reverseIPv4(name)
-	if !ok || !InPool(ip) || s.o.Pool == nil {
+	if !ok || s.o.Pool == nil || !s.o.Pool.Contains(ip) {
 		return
 	}
 	bound, ok := s.o.Pool.Name(ip)

@@ -95,6 +95,16 @@ type Options struct {
 	// gate at once; one beyond it is refused and audited. 0:
 	// DefaultMaxConnections.
 	MaxConnections int
+	// Names, when valid (IPv4), is a range the front end routes to the
+	// gate and hands it every connection to, on any port (the gate
+	// service's [service] names): DNS answers every A query with an
+	// address of this range bound to the name, an allowed name only
+	// after it resolved upstream, so that a connection to that address
+	// is decided by the name on any port, as a sandbox's pool address
+	// is. It replaces 198.18.0.0/15 as the pool, and its addresses are
+	// never dialed upstream (they are the gate's own). The name's real
+	// addresses are what the gate resolves when it dials.
+	Names netip.Prefix
 	// Trace adds the audit record's rejected_by and steps fields (which
 	// check looked at a flow, what it said, how long it took). Off in
 	// sandboxes for now, whose records are compared byte for byte
@@ -164,6 +174,9 @@ func New(o Options) *Gate {
 	}
 	g := &Gate{o: o, log: o.Log, pool: NewPool(o.Now), binds: NewBindings(o.Now),
 		flowPrefix: strconv.FormatUint(rand.Uint64()>>32, 36)}
+	if o.Names.IsValid() {
+		g.pool = NewPoolIn(o.Names, o.Now)
+	}
 	if o.Policy != nil {
 		g.policy.Store(o.Policy)
 	}
@@ -182,6 +195,7 @@ func New(o Options) *Gate {
 		Decide:   g.decideDNSName,
 		Resolver: o.Resolver,
 		Pool:     g.pool,
+		PoolAll:  o.Names.IsValid(),
 		Bindings: g.binds,
 		Audit:    g.auditDNS,
 		Now:      o.Now,
@@ -294,6 +308,11 @@ func (g *Gate) host() []netip.Addr {
 // and no explicit address rule opens it. The returned reason names the
 // class for the audit line.
 func (g *Gate) special(ip netip.Addr, port uint16) (policy.AddrClass, bool) {
+	if g.o.Names.IsValid() && g.pool.Contains(ip) {
+		// The gate's own range: a dial there comes back to the gate.
+		// No address rule opens it.
+		return policy.ClassHost, true
+	}
 	class, sp := policy.Special(ip, g.host())
 	if !sp {
 		return "", false
@@ -384,7 +403,7 @@ func (g *Gate) auditDNS(e DNSEvent) {
 // refused address class is denied (and audited) before any goroutine or
 // forwarder slot is spent on it.
 func (g *Gate) Refuses(dst netip.AddrPort) bool {
-	if InPool(dst.Addr()) {
+	if g.pool.Contains(dst.Addr()) {
 		return false
 	}
 	class, sp := g.special(dst.Addr(), dst.Port())
@@ -418,7 +437,7 @@ func (g *Gate) Echo(dst netip.Addr) bool {
 	rec := audit.Record{Proto: "icmp", Dst: dst.String()}
 	names := g.namesOf(dst)
 	ok := false
-	if class, sp := g.special(dst, 0); sp && !InPool(dst) {
+	if class, sp := g.special(dst, 0); sp && !g.pool.Contains(dst) {
 		rec.Reason = audit.RefusedClass(string(class))
 		rec.RejectedBy = audit.StepAddressClass
 	} else {

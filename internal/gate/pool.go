@@ -39,8 +39,9 @@ func InPool(ip netip.Addr) bool { return poolPrefix.Contains(ip.Unmap()) }
 // the gate carrying the name it was meant for. Such names are never sent
 // upstream. It is safe for concurrent use.
 type Pool struct {
-	now  func() time.Time
-	size int
+	now    func() time.Time
+	size   int
+	prefix netip.Prefix // where the addresses come from
 
 	// mu guards everything below.
 	mu     sync.Mutex
@@ -59,16 +60,26 @@ type poolEntry struct {
 // NewPool builds an empty pool of the default size.
 func NewPool(now func() time.Time) *Pool { return newPool(now, defaultPoolSize) }
 
-func newPool(now func() time.Time, size int) *Pool {
+// NewPoolIn builds an empty pool whose addresses come from prefix (IPv4, at
+// most /30) instead of 198.18.0.0/15: the gate service's range on an
+// internal network, which it routes to itself (Options.Names).
+func NewPoolIn(prefix netip.Prefix, now func() time.Time) *Pool {
+	return newPoolIn(prefix.Masked(), now, defaultPoolSize)
+}
+
+func newPool(now func() time.Time, size int) *Pool { return newPoolIn(poolPrefix, now, size) }
+
+func newPoolIn(prefix netip.Prefix, now func() time.Time, size int) *Pool {
 	if now == nil {
 		now = time.Now
 	}
-	// The /15's first and last addresses (network and broadcast) are
+	// The prefix's first and last addresses (network and broadcast) are
 	// skipped.
-	size = min(size, 1<<17-2)
+	size = max(min(size, 1<<(32-prefix.Bits())-2), 0)
 	return &Pool{
 		now:    now,
 		size:   size,
+		prefix: prefix,
 		byName: make(map[string]*list.Element),
 		byAddr: make(map[netip.Addr]*list.Element),
 	}
@@ -92,7 +103,7 @@ func (p *Pool) Addr(name string) netip.Addr {
 	var e *poolEntry
 	switch {
 	case p.next < p.size:
-		e = &poolEntry{addr: poolAddr(p.next)}
+		e = &poolEntry{addr: addrIn(p.prefix, p.next)}
 		p.next++
 	default:
 		back := p.lru.Back()
@@ -114,6 +125,9 @@ func (p *Pool) Addr(name string) netip.Addr {
 	p.byAddr[e.addr] = el
 	return e.addr
 }
+
+// Contains reports whether ip is one of this pool's addresses.
+func (p *Pool) Contains(ip netip.Addr) bool { return p.prefix.Contains(ip.Unmap()) }
 
 // Name returns the name bound to a pool address. A lookup counts as use:
 // a guest connecting to the address keeps the binding alive.
@@ -140,10 +154,16 @@ func (p *Pool) touch(el *list.Element, now time.Time) {
 	p.lru.MoveToFront(el)
 }
 
-// poolAddr is the i-th usable pool address, counting from 198.18.0.1.
-func poolAddr(i int) netip.Addr {
-	const base = uint32(198)<<24 | uint32(18)<<16
-	n := base + uint32(i) + 1
+// poolAddr is the i-th usable address of the default pool, counting from
+// 198.18.0.1.
+func poolAddr(i int) netip.Addr { return addrIn(poolPrefix, i) }
+
+// addrIn is the i-th usable address of the IPv4 prefix p, counting from
+// the one after its network address.
+func addrIn(p netip.Prefix, i int) netip.Addr {
+	b := p.Masked().Addr().As4()
+	n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	n += uint32(i) + 1
 	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 

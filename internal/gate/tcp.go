@@ -66,7 +66,7 @@ func (g *Gate) HandleTCP(ctx context.Context, f TCPFlow) {
 
 	dst := f.Dst
 	t := &tcpTrace{start: g.o.Now(), src: f.Src, named: f.Named, rec: audit.Record{Proto: "tcp", Dst: dst.String()}}
-	if !InPool(dst.Addr()) && !f.Named {
+	if !g.pool.Contains(dst.Addr()) && !f.Named {
 		class, sp := g.special(dst.Addr(), dst.Port())
 		g.step(t, audit.StepAddressClass, !sp, t.start)
 		if sp {
@@ -342,7 +342,7 @@ func (g *Gate) decideBound(ctx context.Context, dst netip.AddrPort, t *tcpTrace)
 		}
 		return target{addr: dst.Addr(), port: dst.Port()}, true
 	}
-	if InPool(dst.Addr()) {
+	if g.pool.Contains(dst.Addr()) {
 		t.rec.Reason = audit.ReasonPoolUnbound
 		return target{}, false
 	}
@@ -528,7 +528,7 @@ func (g *Gate) byAddressRule(dst netip.AddrPort, t *tcpTrace, what audit.Reason)
 		t.rec.Reason = audit.NamelessToGate(what)
 		return target{}, false
 	}
-	if InPool(dst.Addr()) {
+	if g.pool.Contains(dst.Addr()) {
 		t.rec.Reason = audit.NamelessToPool(what)
 		return target{}, false
 	}
