@@ -181,7 +181,7 @@ func daemonOptions(dir string, log *slog.Logger, logOut io.Writer) (daemon.Optio
 	if err != nil {
 		return none, err
 	}
-	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, Plan: plan, Guest: g, Log: log, LogOut: logOut, ImageRef: rec.Image,
+	opts := daemon.Options{Dir: dir, Runsc: e.runsc, Moat: e.exe, MoatVersion: moatVersion(), Plan: plan, Guest: g, Log: log, LogOut: logOut, ImageRef: rec.Image,
 		Secrets: cfg.Secrets, Hooks: cfg.Hooks, Env: cfg.EnvVars, Files: cfg.Files,
 		IdleTimeout: idleTimeout(cfg.Sandbox), IdleAction: cfg.Sandbox.IdleAction, SSHAgentKeys: cfg.SSHAgent.Keys, SSHAgentConfirm: cfg.SSHAgent.Confirm,
 		Limits: limitsPtr(resources.FromConfig(cfg.Sandbox)),

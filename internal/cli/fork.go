@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/config"
-	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/runtime"
@@ -103,19 +101,11 @@ func (e *env) fork(parent, child string) (*forkResult, error) {
 	res := &forkResult{Schema: 1, Name: child, Parent: parent}
 	s := sandboxAt(pdir)
 	if s.alive() {
-		if err := suspendForFork(s, pdir, parent); err != nil {
+		if err := suspendFor(s, pdir, parent, "for the fork"); err != nil {
 			return nil, err
 		}
-		res.ParentResumed = true
-		defer func() {
-			// The parent comes back whatever became of the copy.
-			if err := e.start(pdir); err != nil {
-				fmt.Fprintf(os.Stderr, "moat: resuming %s after the fork failed: %v; resume it with: moat resume %s\n", parent, err, parent)
-				res.ParentResumed = false
-				return
-			}
-			fmt.Fprintf(os.Stderr, "moat: resumed %s\n", parent)
-		}()
+		// The parent comes back whatever became of the copy.
+		defer func() { res.ParentResumed = e.resumeAfter(pdir, parent, "the fork") }()
 	}
 	// A start of the parent while it is copied would change its files
 	// and consume its image.
@@ -150,36 +140,6 @@ func (e *env) fork(parent, child string) (*forkResult, error) {
 		parent, child, how, res.At.Local().Format("15:04:05.000"), copyHow)
 	fmt.Fprintf(os.Stderr, "moat: %s has its own SSH keys, CA and secret placeholders; start it with: moat up %s\n", child, child)
 	return res, nil
-}
-
-// suspendForFork suspends the running parent, as moat suspend does, and
-// waits for its daemon to go.
-func suspendForFork(s sandbox, dir, name string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), suspendWait)
-	defer cancel()
-	a, err := s.client().Suspend(ctx)
-	var he *control.HTTPError
-	if errors.As(err, &he) {
-		return fmt.Errorf("suspending %s for the fork: %w", name, fromDaemon(err))
-	}
-	if err := waitGone(s, time.Minute); err != nil {
-		return err
-	}
-	rec, lerr := state.Load(dir)
-	if lerr != nil {
-		return lerr
-	}
-	if rec.State != state.StateSuspended {
-		if err == nil {
-			err = errors.New(rec.Error)
-		}
-		return fmt.Errorf("sandbox %q could not be suspended for the fork (%s: %v); see: moat logs %s", name, rec.State, err, name)
-	}
-	if a != nil && a.Sessions > 0 {
-		fmt.Fprintf(os.Stderr, "moat: ended %d attached session(s) of %s first\n", a.Sessions, name)
-	}
-	fmt.Fprintf(os.Stderr, "moat: suspended %s for the fork\n", name)
-	return nil
 }
 
 // copySandbox makes cdir from the stopped parent in pdir: a record with

@@ -338,6 +338,11 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 		return nil, err
 	}
 	defer unlock()
+	if !s.alive() {
+		if err := e.checkSaved(dir); err != nil { // suspend.go: before runsc is asked
+			return nil, err
+		}
+	}
 	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil }); err != nil {
 		return nil, err
 	}

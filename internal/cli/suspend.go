@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/runtime"
@@ -62,31 +64,9 @@ sandbox as suspended with the size of its image.`,
 				}
 				return codef(ExitUsage, "sandbox %q is not running; nothing to suspend (start it with: moat up %s)", rec.Name, rec.Name)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), suspendWait)
-			defer cancel()
-			a, err := s.client().Suspend(ctx)
-			var he *control.HTTPError
-			if errors.As(err, &he) {
-				return fromDaemon(err)
-			}
-			// Any other error may be the daemon stopping as it answers:
-			// the record says whether the guest was saved.
-			if err := waitGone(s, time.Minute); err != nil {
+			ended, err := suspendNow(s, dir, rec.Name, "")
+			if err != nil {
 				return err
-			}
-			rec, lerr := state.Load(dir)
-			if lerr != nil {
-				return lerr
-			}
-			if rec.State != state.StateSuspended {
-				if err == nil {
-					err = errors.New(rec.Error)
-				}
-				return fmt.Errorf("sandbox %q was not suspended (%s: %v); see: moat logs %s", rec.Name, rec.State, err, rec.Name)
-			}
-			ended := 0
-			if a != nil {
-				ended = a.Sessions
 			}
 			if err := state.Update(dir, func(r *state.Record) error { r.Desired = "stopped"; return nil }); err != nil {
 				return err
@@ -109,6 +89,70 @@ func printSuspended(c *cobra.Command, asJSON bool, name string, size int64, ende
 	}
 	return json.NewEncoder(c.OutOrStdout()).Encode(suspendResult{Schema: 1, Name: name, State: state.StateSuspended,
 		ImageBytes: size, SessionsEnded: ended})
+}
+
+// suspendNow suspends the running sandbox in dir, as moat suspend does,
+// and waits for its daemon to go; it returns how many attached sessions
+// were ended. purpose ("for the fork") is said in its errors. moat
+// suspend, moat fork and moat snapshot save all suspend through here.
+func suspendNow(s sandbox, dir, name, purpose string) (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), suspendWait)
+	defer cancel()
+	a, err := s.client().Suspend(ctx)
+	var he *control.HTTPError
+	if errors.As(err, &he) {
+		if purpose == "" {
+			return 0, fromDaemon(err)
+		}
+		return 0, fmt.Errorf("suspending %s %s: %w", name, purpose, fromDaemon(err))
+	}
+	// Any other error may be the daemon stopping as it answers: the
+	// record says whether the guest was saved.
+	if err := waitGone(s, time.Minute); err != nil {
+		return 0, err
+	}
+	rec, lerr := state.Load(dir)
+	if lerr != nil {
+		return 0, lerr
+	}
+	if rec.State != state.StateSuspended {
+		if err == nil {
+			err = errors.New(rec.Error)
+		}
+		if purpose != "" {
+			purpose = " " + purpose
+		}
+		return 0, fmt.Errorf("sandbox %q was not suspended%s (%s: %v); see: moat logs %s", name, purpose, rec.State, err, name)
+	}
+	if a == nil {
+		return 0, nil
+	}
+	return a.Sessions, nil
+}
+
+// suspendFor suspends a running sandbox for a copy of its state (fork,
+// snapshot save) and says so; resumeAfter brings it back.
+func suspendFor(s sandbox, dir, name, purpose string) error {
+	ended, err := suspendNow(s, dir, name, purpose)
+	if err != nil {
+		return err
+	}
+	if ended > 0 {
+		fmt.Fprintf(os.Stderr, "moat: ended %d attached session(s) of %s first\n", ended, name)
+	}
+	fmt.Fprintf(os.Stderr, "moat: suspended %s %s\n", name, purpose)
+	return nil
+}
+
+// resumeAfter resumes the sandbox suspendFor suspended, whatever became
+// of the copy, and reports whether it runs again.
+func (e *env) resumeAfter(dir, name, purpose string) bool {
+	if err := e.start(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "moat: resuming %s after %s failed: %v; resume it with: moat resume %s\n", name, purpose, err, name)
+		return false
+	}
+	fmt.Fprintf(os.Stderr, "moat: resumed %s\n", name)
+	return true
 }
 
 // waitGone waits for the daemon to exit, up to d.
@@ -214,4 +258,73 @@ func discardSuspended(dir string) error {
 		}
 		return nil
 	})
+}
+
+// moatVersion is moat's version as saved images record it
+// (checkpoint.Manifest): a dev build adds its source revision, so that
+// two dev builds of different code do not pass for one.
+func moatVersion() string {
+	if Version != "dev" {
+		return Version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return Version
+	}
+	var rev, dirty string
+	for _, s := range bi.Settings {
+		switch {
+		case s.Key == "vcs.revision":
+			rev = s.Value[:min(12, len(s.Value))]
+		case s.Key == "vcs.modified" && s.Value == "true":
+			dirty = "-dirty"
+		}
+	}
+	if rev == "" {
+		return Version
+	}
+	return Version + "-" + rev + dirty
+}
+
+// checkSaved refuses, before runsc is asked, to restore a suspended
+// sandbox's image on a host other than the one that saved it: another
+// gVisor, or a CPU without a feature the guest had (checkpoint.Compare).
+// runsc would refuse it too, but the shim then drops the image; here
+// nothing is deleted, and the user is told what differs. Another moat is
+// not refused: the restore maps the moat binary the guest was saved with.
+// An image without a manifest was saved by a moat from before manifests
+// and is left to runsc's own check.
+func (e *env) checkSaved(dir string) error {
+	rec, err := state.Load(dir)
+	if err != nil {
+		return err
+	}
+	switch rec.State {
+	case state.StateSuspended, state.StateSuspending, state.StateResuming:
+	default:
+		return nil
+	}
+	if _, whole := runtime.ImageSize(dir); !whole {
+		return nil
+	}
+	refuse := func(why string) error {
+		return codef(ExitError, "sandbox %q cannot resume here: %s. Nothing was deleted: its saved processes are kept for the host that saved them, "+
+			"and its files are as they were; to start it afresh with its files, dropping the saved processes: moat down %s && moat up %s",
+			rec.Name, why, rec.Name, rec.Name)
+	}
+	saved, err := checkpoint.Read(runtime.SuspendDir(dir))
+	if errors.Is(err, checkpoint.ErrNoManifest) {
+		return nil
+	}
+	if err != nil {
+		return refuse(fmt.Sprintf("its image's manifest is unreadable (%v)", err))
+	}
+	now, err := checkpoint.Host(moatVersion(), e.runsc, saved)
+	if err != nil {
+		return err
+	}
+	if ms := checkpoint.Compare(*saved, now, checkpoint.Checks{Guest: true}); len(ms) > 0 {
+		return refuse(checkpoint.Describe(ms))
+	}
+	return nil
 }

@@ -90,6 +90,9 @@ type Options struct {
 	// Limits are applied through the sandbox's own cgroup (resources.go);
 	// nil runs the sandbox without one.
 	Limits *resources.Limits
+	// MoatVersion is recorded with each suspend's image
+	// (checkpoint.Manifest).
+	MoatVersion string
 }
 
 type daemon struct {

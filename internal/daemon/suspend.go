@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
@@ -126,6 +127,13 @@ func (d *daemon) serveSuspend(body json.RawMessage) (any, []*os.File, error) {
 			running()
 			d.log.Warn("suspend failed; the sandbox keeps running", "err", err)
 			return nil, nil, err
+		}
+		// What made the image, for the check before its restore (cli:
+		// checkSaved). Without one the image is restored as before.
+		if m, err := checkpoint.Host(d.o.MoatVersion, d.o.Runsc, nil); err != nil {
+			d.log.Warn("the image has no manifest", "err", err)
+		} else if err := checkpoint.Write(runtime.SuspendDir(d.o.Dir), m); err != nil {
+			d.log.Warn("the image has no manifest", "err", err)
 		}
 		size, _ := runtime.ImageSize(d.o.Dir)
 		d.log.Info("guest saved; stopping", "suspend_ms", time.Since(t).Milliseconds(), "image_bytes", size)
