@@ -105,6 +105,10 @@ type Options struct {
 	// never dialed upstream (they are the gate's own). The name's real
 	// addresses are what the gate resolves when it dials.
 	Names netip.Prefix
+	// MCP are the declared remote MCP servers: requests to their URLs
+	// are decided call by call (mcp.go). Their hosts are always
+	// intercepted.
+	MCP []MCPServer
 	// Trace adds the audit record's rejected_by and steps fields (which
 	// check looked at a flow, what it said, how long it took). Off in
 	// sandboxes for now, whose records are compared byte for byte

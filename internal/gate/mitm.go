@@ -278,6 +278,8 @@ func (g *Gate) interceptWhy(name string, d policy.Decision) (why string, must bo
 		return "a secret is bound to it", true
 	case d.Inspect:
 		return "request rules apply to it", true
+	case g.mcpDeclared(name):
+		return "an MCP server is declared on it", true
 	case g.o.Inspect:
 		return "inspect = true", false
 	}
@@ -360,6 +362,7 @@ type reqState struct {
 	scrub       bool // the answer's body
 	scrubHeader bool
 	switched    bool // answered 101: the proxy wrote it on the hijacked connection
+	mcp         *mcpState // a declared MCP server's request (mcpserve.go)
 	upstream    atomic.Pointer[string]
 	up, down    atomic.Int64
 }
@@ -479,6 +482,12 @@ func (g *Gate) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 			// the host is not offered compression.
 			r.Header.Del("Sec-WebSocket-Extensions")
 		}
+	}
+	if s := g.mcpFor(ic, r); s != nil {
+		if !g.mcpAdmit(w, r, rs, s) {
+			return
+		}
+		defer g.mcpAudit(rs, start)
 	}
 	if r.Body != nil && r.Body != http.NoBody {
 		r.Body = &countingBody{ReadCloser: r.Body, n: &rs.up}
@@ -621,6 +630,11 @@ func (g *Gate) modifyResponse(resp *http.Response) error {
 		}
 		resp.Body = &countingRWC{ReadWriteCloser: rwc, rs: rs}
 		return nil
+	}
+	if rs.mcp != nil {
+		if err := g.mcpAnswer(resp, rs.mcp); err != nil {
+			return err
+		}
 	}
 	resp.Body = &countingBody{ReadCloser: resp.Body, n: &rs.down}
 	return nil
