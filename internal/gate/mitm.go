@@ -362,9 +362,11 @@ type reqState struct {
 	scrub       bool // the answer's body
 	scrubHeader bool
 	switched    bool // answered 101: the proxy wrote it on the hijacked connection
-	mcp         *mcpState // a declared MCP server's request (mcpserve.go)
 	upstream    atomic.Pointer[string]
 	up, down    atomic.Int64
+
+	// mcp is set for a request to a declared MCP server (mcpserve.go).
+	mcp *mcpState
 }
 
 type reqStateKey struct{}
