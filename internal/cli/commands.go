@@ -432,6 +432,8 @@ type listEntry struct {
 	NoLimits string `json:"no_limits,omitempty"`
 	// SuspendImageBytes: the checkpoint image of a suspended sandbox.
 	SuspendImageBytes int64 `json:"suspend_image_bytes,omitempty"`
+	// SnapshotBytes: its named snapshots on disk (moat snapshot list).
+	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"`
 
 	dir string // its state directory
 }
@@ -442,6 +444,7 @@ func (e *env) entry(r *state.Record) listEntry {
 	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image,
 		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits(), dir: dir}
 	le.SuspendImageBytes, _ = runtime.ImageSize(dir)
+	le.SnapshotBytes = snapshotBytes(dir)
 	if st == state.StateRunning || st == state.StateStarting {
 		le.PID = r.DaemonPID
 		if s, ok := ask(sandboxAt(dir), 2*time.Second, (*control.Client).Status); ok {

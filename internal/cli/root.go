@@ -160,7 +160,7 @@ Start here:
 	})
 	root.AddCommand(
 		newRunCmd(), newShellCmd(), newExecCmd(),
-		newUpCmd(), newDownCmd(), newDestroyCmd(), newSuspendCmd(), newResumeCmd(), newForkCmd(),
+		newUpCmd(), newDownCmd(), newDestroyCmd(), newSuspendCmd(), newResumeCmd(), newForkCmd(), newSnapshotCmd(),
 		newListCmd(), newStatusCmd(), newLogsCmd(),
 		newImageCmd(), newDoctorCmd(), newVersionCmd(),
 		newNetworkCmd(), newPolicyCmd(), newSecretsCmd(),
