@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Installs what moat needs on a fresh Debian 12 host and builds moat and
-# gVisor's runsc (both static) into ./bin. Safe to run again: every step is
+# Installs what moat needs on a fresh Debian 12 host and builds moat, the
+# two binaries it runs from its own directory (moat-gate, moat-docker) and
+# gVisor's runsc, all static, into ./bin. Safe to run again: every step is
 # skipped when already done, and Go's build cache makes rebuilds quick.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +28,12 @@ modprobe loop 2>/dev/null || true
 export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0
 mkdir -p bin
 version=$(git describe --always --dirty 2>/dev/null || echo dev)
-go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version" -o bin/moat ./cmd/moat
+# moat and the binaries it runs from its own directory, in one link step
+# each and one go command: moat-gate (the gate service, `moat gate serve`)
+# and moat-docker (runtime = "docker"), which hold the libraries moat must
+# not link (docs/architecture.md, "Three binaries"). -X main.version
+# stamps the two companions; moat's version is internal/cli.Version.
+go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version -X main.version=$version" -o bin/ ./cmd/...
 # gVisor at the version pinned in go.mod (tool directive). Static: a
 # dynamically linked runsc fails after pivot_root.
 # Stamped with that version, which `runsc --version` and `moat doctor` show.
@@ -35,4 +41,4 @@ go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$versio
 go run ./internal/tools/manpages bin/man >/dev/null
 gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
-echo "setup.sh: built bin/moat and bin/runsc ($(bin/runsc --version | head -1))" >&2
+echo "setup.sh: built bin/moat, bin/moat-gate, bin/moat-docker and bin/runsc ($(bin/runsc --version | head -1))" >&2

@@ -9,6 +9,10 @@ go vet ./...
 # One built binary and one runsc shared by every end-to-end test. The
 # binary is bin/moat with the test-only hooks (-tags moattest: the gate
 # process's escape attempts, see internal/daemon/escape_moattest.go).
+# moat-test runs moat-gate and moat-docker from its own directory: the
+# ones setup.sh just built. The test hooks are in a sandbox's control API,
+# which neither serves, so moattest links of them would add hooks nothing
+# calls, at two more links' cost in CI.
 CGO_ENABLED=0 go build -trimpath -tags moattest -o bin/moat-test ./cmd/moat
 export MOAT_BIN=$PWD/bin/moat-test MOAT_RUNSC=$PWD/bin/runsc
 # test/docker needs a Docker engine: scripts/docker.sh installs Debian's

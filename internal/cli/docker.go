@@ -23,7 +23,8 @@ import (
 )
 
 // runtimeDocker is [sandbox] runtime = "docker" and --runtime docker: the
-// sandbox as containers through the Docker engine (internal/dockerrt).
+// sandbox as containers through the Docker engine (internal/dockerrt),
+// whose operations moat-docker, next to moat, runs (dockerrt.Helper).
 const runtimeDocker = "docker"
 
 // dockerEgressEnv names the egress network's subnet (a test serves its
@@ -50,20 +51,43 @@ func sandboxRuntime(flag string, cfg config.Config) (string, error) {
 	return "", codef(ExitUsage, "%s %q: write gvisor (moat's own sandbox) or docker (containers through the Docker engine)", where, rt)
 }
 
+// dockerHelper is moat-docker, which holds the Docker SDK that moat does
+// not link; its warnings go to stderr as it makes them.
+func dockerHelper() (dockerrt.Helper, error) {
+	p, err := sibling(dockerBinary)
+	if err != nil {
+		return dockerrt.Helper{}, err
+	}
+	return dockerrt.Helper{Path: p, Stderr: os.Stderr}, nil
+}
+
+// fromHelper gives moat-docker's errors moat's exit codes: an engine moat
+// cannot reach or use is the host's, a missing image is not found.
+func fromHelper(err error) error {
+	switch {
+	case errors.Is(err, dockerrt.ErrUnreachable), errors.Is(err, dockerrt.ErrNotLocal):
+		return withCode(ExitHost, err)
+	case errors.Is(err, dockerrt.ErrNoImage):
+		return withCode(ExitNotFound, err)
+	}
+	return err
+}
+
 // dockerPrepare records a new Docker sandbox's image digest and runtime.
 func dockerPrepare(dir, name, image string) error {
 	if image == "" || image == "host" {
 		return codef(ExitUsage, "runtime docker needs an image from Docker's store: set [sandbox] image in moat.toml (e.g. image = \"debian:bookworm\", imported or built locally)")
 	}
+	h, err := dockerHelper()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	eng, err := dockerrt.Connect(ctx)
-	if err != nil {
-		return withCode(ExitHost, err)
-	}
-	defer eng.Close()
-	_, err = dockerrt.Prepare(ctx, eng, dir, name, image)
-	if err != nil {
+	if _, err := h.Prepare(ctx, dir, name, image); err != nil {
+		if errors.Is(err, dockerrt.ErrUnreachable) {
+			return fromHelper(err)
+		}
 		return withCode(ExitNotFound, err)
 	}
 	return nil
@@ -72,11 +96,14 @@ func dockerPrepare(dir, name, image string) error {
 // dockerConnect starts the Docker sandbox at dir unless it runs, and
 // connects to its guest agent over the internal bridge.
 func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) (*ssh.Client, error) {
-	eng, err := dockerrt.Connect(ctx)
+	h, err := dockerHelper()
 	if err != nil {
-		return nil, withCode(ExitHost, err)
+		return nil, err
 	}
-	defer eng.Close()
+	gate, err := sibling(gateBinary)
+	if err != nil {
+		return nil, err
+	}
 	g, err := dockerGuest(dir, rec)
 	if err != nil {
 		return nil, err
@@ -97,14 +124,14 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	if err != nil {
 		return nil, err
 	}
-	r, err := dockerrt.Up(ctx, eng, dockerrt.Options{
-		Dir: dir, Moat: e.exe, Workspace: rec.Workspace, Guest: g,
+	r, err := h.Up(ctx, dockerrt.Options{
+		Dir: dir, Moat: e.exe, Gate: gate, Workspace: rec.Workspace, Guest: g,
 		Policy:   []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")},
-		Upstream: upstream, EgressSubnet: egress, Warn: os.Stderr,
+		Upstream: upstream, EgressSubnet: egress,
 	})
 	unlock()
 	if err != nil {
-		return nil, fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err)
+		return nil, fromHelper(fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err))
 	}
 	signer, err := keys.Client(dir)
 	if err != nil {
@@ -163,24 +190,23 @@ func dockerGuest(dir string, rec *state.Record) (*guestspec.Spec, error) {
 }
 
 // dockerDown removes a Docker sandbox's containers and networks.
-func dockerDown(dir string) error { return onDocker(dir, dockerrt.Down) }
+func dockerDown(dir string) error { return onDocker(dir, dockerrt.Helper.Down) }
 
 // dockerStop is moat down for a Docker sandbox: its containers stop and
 // are kept.
-func dockerStop(dir string) error { return onDocker(dir, dockerrt.Stop) }
+func dockerStop(dir string) error { return onDocker(dir, dockerrt.Helper.Stop) }
 
-// onDocker connects to the engine and applies op to the sandbox in dir.
-// A sandbox made before its image was recorded has nothing in Docker.
-func onDocker(dir string, op func(context.Context, *dockerrt.Engine, string) error) error {
+// onDocker applies op, through moat-docker, to the sandbox in dir. A
+// sandbox made before its image was recorded has nothing in Docker.
+func onDocker(dir string, op func(dockerrt.Helper, context.Context, string) error) error {
+	h, err := dockerHelper()
+	if err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	eng, err := dockerrt.Connect(ctx)
-	if err != nil {
-		return withCode(ExitHost, err)
-	}
-	defer eng.Close()
-	if err := op(ctx, eng, dir); !errors.Is(err, dockerrt.ErrNoRecord) {
-		return err
+	if err := op(h, ctx, dir); !errors.Is(err, dockerrt.ErrNoRecord) {
+		return fromHelper(err)
 	}
 	return nil
 }
@@ -188,28 +214,27 @@ func onDocker(dir string, op func(context.Context, *dockerrt.Engine, string) err
 // dockerNotes are doctor's lines about Docker: never failures, since
 // only runtime = "docker" needs it.
 func dockerNotes(w io.Writer, runsc string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	eng, err := dockerrt.Connect(ctx)
+	h, err := dockerHelper()
 	if err != nil {
 		fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): %v\n", err)
 		return
 	}
-	defer eng.Close()
-	v, api, _ := eng.Version(ctx)
-	fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): engine %s (API %s) reachable\n", v, api)
-	ok, err := eng.HasRuntime(ctx, "runsc")
-	switch {
-	case err != nil:
-		fmt.Fprintf(w, "note Docker runtimes: %v\n", err)
-	case ok:
-		fmt.Fprintln(w, "note Docker runtime runsc: registered; Docker sandboxes run on gVisor")
-	default:
-		abs, _ := filepath.Abs(runsc)
-		fmt.Fprintf(w, "note Docker runtime runsc: not registered; Docker sandboxes run on runc and share the host's kernel. Register the runsc moat builds with:\n"+
-			"       sudo %s install --runtime=runsc && sudo systemctl restart docker\n"+
-			"     (runsc install adds {\"runtimes\": {\"runsc\": {\"path\": %q}}} to /etc/docker/daemon.json)\n", abs, abs)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := h.Info(ctx)
+	if err != nil {
+		fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): %v\n", err)
+		return
 	}
+	fmt.Fprintf(w, "note Docker (only for runtime = \"docker\"): engine %s (API %s) reachable\n", info.Version, info.API)
+	if info.Runsc {
+		fmt.Fprintln(w, "note Docker runtime runsc: registered; Docker sandboxes run on gVisor")
+		return
+	}
+	abs, _ := filepath.Abs(runsc)
+	fmt.Fprintf(w, "note Docker runtime runsc: not registered; Docker sandboxes run on runc and share the host's kernel. Register the runsc moat builds with:\n"+
+		"       sudo %s install --runtime=runsc && sudo systemctl restart docker\n"+
+		"     (runsc install adds {\"runtimes\": {\"runsc\": {\"path\": %q}}} to /etc/docker/daemon.json)\n", abs, abs)
 }
 
 // runtimeFlagHelp is --runtime's help.

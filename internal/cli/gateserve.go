@@ -2,14 +2,11 @@ package cli
 
 import (
 	"errors"
-	"log/slog"
+	"fmt"
 	"os"
-	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
-
-	"moat.dev/moat/internal/gateserve"
 )
 
 // newGateCmd is `moat gate`: the egress gate on its own, for clients that
@@ -22,7 +19,8 @@ func newGateCmd() *cobra.Command {
 internal network, pods) with the same gate a sandbox has: DNS that never sends a
 denied name upstream, HTTP and HTTPS decided by Host and SNI, TLS interception
 with the service's CA, credential placeholders, refusal pages and an audit log.
-See docs/gate-service.md.`,
+The service is moat-gate, a binary installed next to moat. See
+docs/gate-service.md.`,
 	}
 	c.AddCommand(newGateServeCmd())
 	return c
@@ -40,18 +38,28 @@ tenant's rules and secrets without dropping open connections.
 
 The CA's certificate (public part) is written to service.ca_cert for clients
 to trust. Logs go to stderr as JSON lines; decisions go to each tenant's audit
-log.`,
+log.
+
+The service is the binary moat-gate, next to moat (scripts/setup.sh builds
+both): this command becomes "moat-gate serve --config FILE" in the same
+process, so its signals and exit codes are moat-gate's. Run moat-gate
+directly where moat itself is not wanted, as in a container image.`,
 		Example: `  sudo moat gate serve --config /etc/moat-gate/gate.toml
-  sudo kill -HUP $(pidof moat)      # reload the tenants' rules and secrets`,
+  sudo kill -HUP $(pidof moat-gate)   # reload the tenants' rules and secrets`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if path == "" {
 				return withCode(ExitUsage, errors.New("--config FILE is required; see: moat gate serve --help"))
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("component", "gate-service")
-			return gateserve.Run(ctx, path, log)
+			gate, err := sibling(gateBinary)
+			if err != nil {
+				return err
+			}
+			// Exec, not a child: the process a service manager or a
+			// shell's kill signals (SIGHUP to reload) is the service's,
+			// and its exit code is moat's.
+			err = syscall.Exec(gate, []string{gate, "serve", "--config", path}, os.Environ())
+			return withCode(ExitHost, fmt.Errorf("running %s: %w", gate, err))
 		},
 	}
 	c.Flags().StringVar(&path, "config", "", "the service's configuration file (TOML)")

@@ -2,6 +2,8 @@ package dockerrt
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -14,10 +16,10 @@ import (
 
 // Names of a sandbox's Docker objects. Frozen: Down finds an older moat's
 // objects by them (and by the label).
-func (r *Record) internalNet() string { return "moat-" + r.Name + "-int" }
-func (r *Record) egressNet() string   { return "moat-" + r.Name + "-egress" }
-func (r *Record) gateName() string    { return "moat-" + r.Name + "-gate" }
-func (r *Record) workName() string    { return "moat-" + r.Name + "-work" }
+func (r *Record) InternalNet() string { return "moat-" + r.Name + "-int" }
+func (r *Record) EgressNet() string   { return "moat-" + r.Name + "-egress" }
+func (r *Record) GateName() string    { return "moat-" + r.Name + "-gate" }
+func (r *Record) WorkName() string    { return "moat-" + r.Name + "-work" }
 
 // Label marks every object of a sandbox, with its name as the value.
 const Label = "moat.sandbox"
@@ -62,12 +64,26 @@ func PickSubnet(used []netip.Prefix) (netip.Prefix, error) {
 	return netip.Prefix{}, ErrNoSubnet
 }
 
-// hostAt is the address n of subnet (.1 bridge, .2 gate, .3 workload).
-func hostAt(subnet netip.Prefix, n byte) netip.Addr {
+// HostAt is the address n of subnet (.1 bridge, .2 gate, .3 workload).
+func HostAt(subnet netip.Prefix, n byte) netip.Addr {
 	a := subnet.Addr().As4()
 	a[3] = n
 	return netip.AddrFrom4(a)
 }
+
+// Place puts the sandbox on subnet: the gate at .2, the workload at .3,
+// and the internal bridge's interface named after the sandbox, at most 15
+// bytes (an interface name's limit) whatever the name's length.
+func (r *Record) Place(subnet netip.Prefix) {
+	r.Subnet = subnet
+	r.GateIP, r.WorkloadIP = HostAt(subnet, 2), HostAt(subnet, 3)
+	sum := sha256.Sum256([]byte(r.Name))
+	r.Bridge = "moat" + hex.EncodeToString(sum[:4])
+}
+
+// GateArgs are the gate container's arguments to moat-gate, its image's
+// entry point.
+func GateArgs() []string { return []string{"serve", "--config", gateConfig} }
 
 // GateConfig is the gate service's configuration for a sandbox: listeners
 // on the gate's internal address only (the egress side serves nobody),

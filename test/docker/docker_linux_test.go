@@ -36,6 +36,7 @@ import (
 	"github.com/miekg/dns"
 
 	"moat.dev/moat/internal/dockerrt"
+	"moat.dev/moat/internal/dockerrt/engine"
 )
 
 // ready fails or skips the test unless a Docker engine answers, as
@@ -53,7 +54,7 @@ func ready(t *testing.T) {
 	case v == "":
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		e, err := dockerrt.Connect(ctx)
+		e, err := engine.Connect(ctx)
 		if err != nil {
 			t.Skipf("MOAT_DOCKER is unset and %v; run scripts/docker.sh (or scripts/test.sh, which runs it)", err)
 		}
@@ -61,22 +62,28 @@ func ready(t *testing.T) {
 	}
 }
 
-// moatBin is $MOAT_BIN, or moat built here once, without cgo.
+// moatBin is $MOAT_BIN, or moat built here once, without cgo. Either way
+// moat runs moat-docker and moat-gate from its own directory, so they are
+// built beside it: the binaries under test are the three a user installs.
 var moatBin = sync.OnceValues(func() (string, error) {
 	if b := os.Getenv("MOAT_BIN"); b != "" {
+		for _, s := range []string{"moat-docker", "moat-gate"} {
+			if _, err := os.Stat(filepath.Join(filepath.Dir(b), s)); err != nil {
+				return "", fmt.Errorf("MOAT_BIN is %s, but %s is not beside it (scripts/setup.sh builds the three): %v", b, s, err)
+			}
+		}
 		return b, nil
 	}
 	dir, err := os.MkdirTemp("", "moat-docker-test-")
 	if err != nil {
 		return "", err
 	}
-	bin := filepath.Join(dir, "moat")
-	cmd := exec.Command("go", "build", "-o", bin, "moat.dev/moat/cmd/moat")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-docker", "moat.dev/moat/cmd/moat-gate")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building moat: %v\n%s", err, out)
+		return "", fmt.Errorf("building moat, moat-docker and moat-gate: %v\n%s", err, out)
 	}
-	return bin, nil
+	return filepath.Join(dir, "moat"), nil
 })
 
 // workloadImage imports, once per busybox binary, an image made from the

@@ -18,7 +18,7 @@ import (
 	"github.com/docker/docker/api/types/container"
 	"github.com/docker/docker/pkg/stdcopy"
 
-	"moat.dev/moat/internal/dockerrt"
+	"moat.dev/moat/internal/dockerrt/engine"
 )
 
 const policy = `[sandbox]
@@ -72,6 +72,11 @@ func TestDockerSandbox(t *testing.T) {
 			t.Errorf("gate's networks = %v, want %v", got, []string{egNet, intNet})
 		}
 		gateIP = netip.MustParseAddr(g.NetworkSettings.Networks[intNet].IPAddress)
+		// The gate is moat-gate, the service's own binary: the moat
+		// binary, without the service, is not in its image.
+		if got := append(slices.Clone(g.Config.Entrypoint), g.Config.Cmd...); len(got) < 2 || got[0] != "/moat-gate" || got[1] != "serve" {
+			t.Errorf("gate runs %q, want /moat-gate serve --config ...", got)
+		}
 		w, err := s.dc.ContainerInspect(ctx, workName)
 		if err != nil {
 			t.Fatal(err)
@@ -89,7 +94,7 @@ func TestDockerSandbox(t *testing.T) {
 		}
 		// The workload has one route, to its subnet: seen from the host
 		// and from inside.
-		got, err := dockerrt.Routes(w.State.Pid)
+		got, err := engine.Routes(w.State.Pid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -336,7 +341,7 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := dockerrt.Routes(w.State.Pid); err != nil || !slices.Equal(got, []netip.Prefix{subnet}) {
+		if got, err := engine.Routes(w.State.Pid); err != nil || !slices.Equal(got, []netip.Prefix{subnet}) {
 			t.Errorf("restarted workload's routes = %v (%v), want only %s", got, err, subnet)
 		}
 		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
@@ -353,7 +358,7 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := dockerrt.Routes(w.State.Pid); slices.Equal(got, []netip.Prefix{subnet}) {
+		if got, _ := engine.Routes(w.State.Pid); slices.Equal(got, []netip.Prefix{subnet}) {
 			t.Fatalf("Docker's restart left only %v: this check proves nothing here", got)
 		}
 		// The agent may still be starting; the session waits for it.

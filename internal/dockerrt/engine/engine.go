@@ -1,4 +1,4 @@
-package dockerrt
+package engine
 
 import (
 	"archive/tar"
@@ -22,14 +22,13 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
+
+	"moat.dev/moat/internal/dockerrt"
 )
 
-// ErrUnreachable matches an error about reaching the Docker engine.
-var ErrUnreachable = errors.New("the Docker engine is not reachable")
-
-// Engine is a connection to the Docker engine of $DOCKER_HOST (default:
+// Conn is a connection to the Docker engine of $DOCKER_HOST (default:
 // /var/run/docker.sock).
-type Engine struct {
+type Conn struct {
 	c *client.Client
 }
 
@@ -40,26 +39,26 @@ const pingTimeout = 5 * time.Second
 // Connect opens a client and checks that the engine answers. The API
 // version is negotiated down to the engine's: Debian 12's Docker 20.10
 // speaks 1.41, older than this client's default.
-func Connect(ctx context.Context) (*Engine, error) {
+func Connect(ctx context.Context) (*Conn, error) {
 	c, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrUnreachable, err)
+		return nil, fmt.Errorf("%w: %v", dockerrt.ErrUnreachable, err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
 	defer cancel()
 	if _, err := c.Ping(pctx); err != nil {
 		c.Close()
-		return nil, fmt.Errorf("%w at %s: %v; start it (e.g. systemctl start docker) or set DOCKER_HOST", ErrUnreachable, c.DaemonHost(), err)
+		return nil, fmt.Errorf("%w at %s: %v; start it (e.g. systemctl start docker) or set DOCKER_HOST", dockerrt.ErrUnreachable, c.DaemonHost(), err)
 	}
 	c.NegotiateAPIVersion(ctx)
-	return &Engine{c: c}, nil
+	return &Conn{c: c}, nil
 }
 
 // Close closes the connection.
-func (e *Engine) Close() error { return e.c.Close() }
+func (e *Conn) Close() error { return e.c.Close() }
 
 // Version is the engine's version and API version.
-func (e *Engine) Version(ctx context.Context) (string, string, error) {
+func (e *Conn) Version(ctx context.Context) (string, string, error) {
 	v, err := e.c.ServerVersion(ctx)
 	if err != nil {
 		return "", "", err
@@ -67,15 +66,10 @@ func (e *Engine) Version(ctx context.Context) (string, string, error) {
 	return v.Version, v.APIVersion, nil
 }
 
-// ErrNotLocal is returned for an engine moat cannot isolate the workload
-// on: one on another host, or a rootless one, whose bridges and
-// containers' namespaces are not the host's that moat edits.
-var ErrNotLocal = errors.New("moat needs the local, rootful Docker engine")
-
 // CheckLocal refuses an engine that is not this host's rootful one.
-func (e *Engine) CheckLocal(ctx context.Context) error {
+func (e *Conn) CheckLocal(ctx context.Context) error {
 	if h := e.c.DaemonHost(); !strings.HasPrefix(h, "unix://") {
-		return fmt.Errorf("%w: DOCKER_HOST is %s; moat removes the workload's routes and guards the bridge from this host, so it uses the engine on its unix socket", ErrNotLocal, h)
+		return fmt.Errorf("%w: DOCKER_HOST is %s; moat removes the workload's routes and guards the bridge from this host, so it uses the engine on its unix socket", dockerrt.ErrNotLocal, h)
 	}
 	info, err := e.c.Info(ctx)
 	if err != nil {
@@ -83,7 +77,7 @@ func (e *Engine) CheckLocal(ctx context.Context) error {
 	}
 	for _, o := range info.SecurityOptions {
 		if strings.Contains(o, "name=rootless") {
-			return fmt.Errorf("%w: this engine is rootless; its networks live in a namespace of its own that moat does not guard", ErrNotLocal)
+			return fmt.Errorf("%w: this engine is rootless; its networks live in a namespace of its own that moat does not guard", dockerrt.ErrNotLocal)
 		}
 	}
 	return nil
@@ -91,7 +85,7 @@ func (e *Engine) CheckLocal(ctx context.Context) error {
 
 // HasRuntime reports whether the engine has an OCI runtime registered
 // under name ("runsc").
-func (e *Engine) HasRuntime(ctx context.Context, name string) (bool, error) {
+func (e *Conn) HasRuntime(ctx context.Context, name string) (bool, error) {
 	info, err := e.c.Info(ctx)
 	if err != nil {
 		return false, fmt.Errorf("asking the Docker engine for its runtimes: %w", err)
@@ -102,28 +96,36 @@ func (e *Engine) HasRuntime(ctx context.Context, name string) (bool, error) {
 
 // ResolveImage returns the id (sha256:...) of a local image: the digest
 // a sandbox records, so that a tag moved later does not change it.
-func (e *Engine) ResolveImage(ctx context.Context, ref string) (string, error) {
+func (e *Conn) ResolveImage(ctx context.Context, ref string) (string, error) {
 	img, err := e.c.ImageInspect(ctx, ref)
 	if err != nil {
 		if client.IsErrNotFound(err) {
-			return "", fmt.Errorf("docker has no image %q; import or build it first (docker import, docker build), moat pulls nothing on this runtime", ref)
+			return "", fmt.Errorf("%w: %q; import or build it first (docker import, docker build), moat pulls nothing on this runtime", dockerrt.ErrNoImage, ref)
 		}
 		return "", fmt.Errorf("inspecting image %q: %w", ref, err)
 	}
 	return img.ID, nil
 }
 
-// GateImage builds, once per moat binary, the gate's image: FROM scratch,
-// the (static) moat binary and the host's CA bundle, which the gate
-// verifies upstreams with. No registry is involved. It returns the
-// image's id.
-func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, error) {
-	bin, err := os.ReadFile(moat)
+// GateImage builds, once per moat-gate binary, the gate's image: FROM
+// scratch, the (static) moat-gate binary as its entry point and the
+// host's CA bundle, which the gate verifies upstreams with. No registry is
+// involved. It returns the image's id.
+//
+// The image holds moat-gate, not moat: the gate service is a binary of its
+// own (cmd/moat-gate), and the workload's moat (its init) comes from the
+// sandbox's guest directory, bind-mounted, never from this image.
+func (e *Conn) GateImage(ctx context.Context, gate, caBundle string) (string, error) {
+	bin, err := os.ReadFile(gate)
 	if err != nil {
-		return "", fmt.Errorf("reading the moat binary for the gate's image: %w", err)
+		return "", fmt.Errorf("reading moat-gate for the gate's image (build it next to moat with: sudo scripts/setup.sh): %w", err)
 	}
-	sum := sha256.Sum256(bin)
-	tag := "moat-gate:" + hex.EncodeToString(sum[:8])
+	// The layout is in the sum too: an image of an older moat, whose
+	// entry point was moat itself, is never taken for this one.
+	h := sha256.New()
+	h.Write([]byte("moat-gate\x00"))
+	h.Write(bin)
+	tag := "moat-gate:" + hex.EncodeToString(h.Sum(nil)[:8])
 	if id, err := e.ResolveImage(ctx, tag); err == nil {
 		return id, nil
 	}
@@ -141,15 +143,15 @@ func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, 
 	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
 		return "", err
 	}
-	dockerfile := "FROM scratch\nCOPY moat /moat\nCOPY tmp /tmp\n"
+	dockerfile := "FROM scratch\nCOPY moat-gate /moat-gate\nCOPY tmp /tmp\n"
 	if ca, err := os.ReadFile(caBundle); err == nil {
 		if err := add("ca-certificates.crt", 0o644, ca); err != nil {
 			return "", err
 		}
 		dockerfile += "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
 	}
-	dockerfile += "ENTRYPOINT [\"/moat\"]\n"
-	if err := add("moat", 0o755, bin); err != nil {
+	dockerfile += "ENTRYPOINT [\"/moat-gate\"]\n"
+	if err := add("moat-gate", 0o755, bin); err != nil {
 		return "", err
 	}
 	if err := add("Dockerfile", 0o644, []byte(dockerfile)); err != nil {
@@ -180,7 +182,7 @@ func (e *Engine) GateImage(ctx context.Context, moat, caBundle string) (string, 
 // pruneGateImages removes the gate images of earlier moat binaries, one
 // per upgrade or rebuild otherwise, that no container uses: Docker
 // refuses to remove one in use without force, which is not asked for.
-func (e *Engine) pruneGateImages(ctx context.Context, keep string) {
+func (e *Conn) pruneGateImages(ctx context.Context, keep string) {
 	imgs, err := e.c.ImageList(ctx, image.ListOptions{Filters: filters.NewArgs(filters.Arg("label", "moat.gate=1"))})
 	if err != nil {
 		return
@@ -216,7 +218,7 @@ func buildError(r io.Reader) error {
 
 // logs is the container's output since a time (zero: all of it), at
 // most its last lines.
-func (e *Engine) logs(ctx context.Context, id string, since time.Time, lines int) string {
+func (e *Conn) logs(ctx context.Context, id string, since time.Time, lines int) string {
 	opts := container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(lines)}
 	if !since.IsZero() {
 		opts.Since = fmt.Sprint(since.Unix())
@@ -232,7 +234,7 @@ func (e *Engine) logs(ctx context.Context, id string, since time.Time, lines int
 }
 
 // usedSubnets are the IPv4 subnets of Docker's networks.
-func (e *Engine) usedSubnets(ctx context.Context) ([]netip.Prefix, error) {
+func (e *Conn) usedSubnets(ctx context.Context) ([]netip.Prefix, error) {
 	nets, err := e.c.NetworkList(ctx, network.ListOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("listing Docker's networks: %w", err)
@@ -250,8 +252,8 @@ func (e *Engine) usedSubnets(ctx context.Context) ([]netip.Prefix, error) {
 
 // remove deletes every container and network labelled with the
 // sandbox's name: what Up made, or a crashed Up left.
-func (e *Engine) remove(ctx context.Context, name string) error {
-	f := filters.NewArgs(filters.Arg("label", Label+"="+name))
+func (e *Conn) remove(ctx context.Context, name string) error {
+	f := filters.NewArgs(filters.Arg("label", dockerrt.Label+"="+name))
 	cs, err := e.c.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
 	if err != nil {
 		return fmt.Errorf("listing the sandbox's containers: %w", err)
@@ -275,7 +277,7 @@ func (e *Engine) remove(ctx context.Context, name string) error {
 }
 
 // exists reports whether there is a container called name.
-func (e *Engine) exists(ctx context.Context, name string) (bool, error) {
+func (e *Conn) exists(ctx context.Context, name string) (bool, error) {
 	_, err := e.c.ContainerInspect(ctx, name)
 	if client.IsErrNotFound(err) {
 		return false, nil
@@ -284,7 +286,7 @@ func (e *Engine) exists(ctx context.Context, name string) (bool, error) {
 }
 
 // running reports whether the container called name runs, and its pid.
-func (e *Engine) running(ctx context.Context, name string) (bool, int, error) {
+func (e *Conn) running(ctx context.Context, name string) (bool, int, error) {
 	c, err := e.c.ContainerInspect(ctx, name)
 	if client.IsErrNotFound(err) {
 		return false, 0, nil

@@ -1,4 +1,4 @@
-package dockerrt
+package engine
 
 import (
 	"errors"
@@ -11,6 +11,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/dockerrt"
 )
 
 // hostRoutes are the IPv4 destinations of the host's routes, which a new
@@ -80,7 +82,7 @@ func isolate(pid int, subnet netip.Prefix) error {
 
 // ensureIsolated checks a running workload's routes and the host's
 // guard, and puts back what is missing.
-func ensureIsolated(r *Record, pid int) error {
+func ensureIsolated(r *dockerrt.Record, pid int) error {
 	if r.Runtime == "runsc" {
 		return nil // gVisor's routes are its own (sandbox.go)
 	}

@@ -1,18 +1,13 @@
-package dockerrt
+package engine
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
@@ -20,35 +15,13 @@ import (
 	"github.com/docker/docker/api/types/network"
 	"github.com/docker/docker/client"
 
+	"moat.dev/moat/internal/dockerrt"
 	"moat.dev/moat/internal/guestspec"
 )
 
-// Options describe a sandbox's start.
-type Options struct {
-	Dir       string // the sandbox's state directory (docker.json, gate/, guest/)
-	Moat      string // the static moat binary: the gate's image and /.moat/moat
-	Workspace string // bind-mounted at the same path
-	// Guest is the guest configuration; Up fills in its address, its
-	// nameserver and CA file.
-	Guest *guestspec.Spec
-	// Policy is the tenant's moat.toml-syntax files, lowest layer first
-	// (the user's config, the project's moat.toml); missing ones skipped.
-	Policy []string
-	// Upstream is the resolvers the gate asks; empty: the gate
-	// container's own (Docker's, which forwards to the host's).
-	Upstream []netip.AddrPort
-	// EgressSubnet is the egress network's subnet; invalid: Docker's
-	// choice. Tests set it to a documentation range that the gate does
-	// not refuse, where they serve the positive control.
-	EgressSubnet netip.Prefix
-	// Warn receives what the user should know (a shared kernel, dropped
-	// secrets).
-	Warn io.Writer
-}
-
 // Prepare writes a new sandbox's record: the image resolved to its digest
 // once, and the runtime: runsc when Docker has it registered, else runc.
-func Prepare(ctx context.Context, e *Engine, dir, name, image string) (*Record, error) {
+func Prepare(ctx context.Context, e *Conn, dir, name, image string) (*dockerrt.Record, error) {
 	id, err := e.ResolveImage(ctx, image)
 	if err != nil {
 		return nil, err
@@ -59,7 +32,7 @@ func Prepare(ctx context.Context, e *Engine, dir, name, image string) (*Record, 
 	} else if ok {
 		rt = "runsc"
 	}
-	r := &Record{Schema: Schema, Name: name, Image: image, ImageID: id, Runtime: rt}
+	r := &dockerrt.Record{Schema: dockerrt.Schema, Name: name, Image: image, ImageID: id, Runtime: rt}
 	return r, r.Save(dir)
 }
 
@@ -68,16 +41,16 @@ const agentWait = 30 * time.Second
 
 // Up starts the sandbox's containers unless both run, and returns its
 // record when the guest agent accepts connections.
-func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
-	r, err := Load(o.Dir)
+func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, error) {
+	r, err := dockerrt.Load(o.Dir)
 	if err != nil {
 		return nil, err
 	}
-	gateUp, _, err := e.running(ctx, r.gateName())
+	gateUp, _, err := e.running(ctx, r.GateName())
 	if err != nil {
 		return nil, err
 	}
-	workUp, pid, err := e.running(ctx, r.workName())
+	workUp, pid, err := e.running(ctx, r.WorkName())
 	if err != nil {
 		return nil, err
 	}
@@ -86,7 +59,7 @@ func Up(ctx context.Context, e *Engine, o Options) (*Record, error) {
 		// (docker restart, a daemon restart), giving it Docker's routes
 		// again: checked at every session, which costs a netlink dump.
 		if err := ensureIsolated(r, pid); err != nil {
-			e.c.ContainerKill(context.WithoutCancel(ctx), r.workName(), "KILL")
+			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
 			return nil, fmt.Errorf("the workload of %q had a way out and was stopped: %w", r.Name, err)
 		}
 		// A workload just restarted may not be listening yet.
@@ -127,11 +100,11 @@ var errMissing = errors.New("nothing to start again")
 // restart starts the sandbox's existing containers that are stopped, and
 // isolates the workload again: a restarted container has a new network
 // namespace, with Docker's routes and rules back.
-func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workUp bool) error {
+func restart(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options, gateUp, workUp bool) error {
 	if !r.Subnet.IsValid() {
 		return errMissing
 	}
-	for _, n := range []string{r.gateName(), r.workName()} {
+	for _, n := range []string{r.GateName(), r.WorkName()} {
 		if ok, err := e.exists(ctx, n); err != nil {
 			return err
 		} else if !ok {
@@ -140,10 +113,10 @@ func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workU
 	}
 	if !gateUp {
 		since := time.Now()
-		if _, _, err := writeGateDir(r, o); err != nil {
+		if _, _, err := dockerrt.WriteGateDir(r, o); err != nil {
 			return err
 		}
-		if err := e.c.ContainerStart(ctx, r.gateName(), container.StartOptions{}); err != nil {
+		if err := e.c.ContainerStart(ctx, r.GateName(), container.StartOptions{}); err != nil {
 			return fmt.Errorf("starting the gate: %w", err)
 		}
 		if _, err := waitGate(ctx, e, r, filepath.Join(o.Dir, "gate", "state", "ca.pem"), since); err != nil {
@@ -154,17 +127,17 @@ func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workU
 		return err
 	}
 	if !workUp {
-		if err := e.c.ContainerStart(ctx, r.workName(), container.StartOptions{}); err != nil {
+		if err := e.c.ContainerStart(ctx, r.WorkName(), container.StartOptions{}); err != nil {
 			return fmt.Errorf("starting the workload: %w", err)
 		}
-		up, pid, err := e.running(ctx, r.workName())
+		up, pid, err := e.running(ctx, r.WorkName())
 		if err != nil || !up {
-			return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.workName(), err)
+			return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.WorkName(), err)
 		}
 		if r.Runtime != "runsc" {
 			if err := isolate(pid, r.Subnet); err != nil {
 				// Fail closed: stop it rather than leave it with a way out.
-				e.c.ContainerKill(context.WithoutCancel(ctx), r.workName(), "KILL")
+				e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
 				return fmt.Errorf("isolating the workload's network: %w", err)
 			}
 		}
@@ -172,7 +145,7 @@ func restart(ctx context.Context, e *Engine, r *Record, o Options, gateUp, workU
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 }
 
-func start(ctx context.Context, e *Engine, r *Record, o Options) error {
+func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options) error {
 	used, err := e.usedSubnets(ctx)
 	if err != nil {
 		return err
@@ -181,27 +154,26 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	if err != nil {
 		return err
 	}
-	if r.Subnet, err = PickSubnet(append(used, routes...)); err != nil {
+	subnet, err := dockerrt.PickSubnet(append(used, routes...))
+	if err != nil {
 		return err
 	}
-	r.GateIP, r.WorkloadIP = hostAt(r.Subnet, 2), hostAt(r.Subnet, 3)
-	sum := sha256.Sum256([]byte(r.Name))
-	r.Bridge = "moat" + hex.EncodeToString(sum[:4]) // at most 15 bytes, an interface name's limit
-	if r.GateImage, err = e.GateImage(ctx, o.Moat, "/etc/ssl/certs/ca-certificates.crt"); err != nil {
+	r.Place(subnet)
+	if r.GateImage, err = e.GateImage(ctx, o.Gate, "/etc/ssl/certs/ca-certificates.crt"); err != nil {
 		return err
 	}
 	if err := r.Save(o.Dir); err != nil {
 		return err
 	}
-	gdir, gateBinds, err := writeGateDir(r, o)
+	gdir, gateBinds, err := dockerrt.WriteGateDir(r, o)
 	if err != nil {
 		return err
 	}
-	labels := map[string]string{Label: r.Name}
+	labels := map[string]string{dockerrt.Label: r.Name}
 	no := false
-	if _, err := e.c.NetworkCreate(ctx, r.internalNet(), network.CreateOptions{
+	if _, err := e.c.NetworkCreate(ctx, r.InternalNet(), network.CreateOptions{
 		Driver: "bridge", Internal: true, EnableIPv6: &no, Labels: labels,
-		IPAM:    &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: hostAt(r.Subnet, 1).String()}}},
+		IPAM:    &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: dockerrt.HostAt(r.Subnet, 1).String()}}},
 		Options: map[string]string{"com.docker.network.bridge.name": r.Bridge},
 	}); err != nil {
 		return fmt.Errorf("creating the internal network: %w", err)
@@ -210,7 +182,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	if o.EgressSubnet.IsValid() {
 		egress.IPAM = &network.IPAM{Config: []network.IPAMConfig{{Subnet: o.EgressSubnet.String()}}}
 	}
-	if _, err := e.c.NetworkCreate(ctx, r.egressNet(), egress); err != nil {
+	if _, err := e.c.NetworkCreate(ctx, r.EgressNet(), egress); err != nil {
 		return fmt.Errorf("creating the egress network: %w", err)
 	}
 
@@ -221,17 +193,17 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	// CAP_SYS_ADMIN); then it drops to an unprivileged uid with no
 	// capabilities, under its own filter.
 	gate, err := e.c.ContainerCreate(ctx, &container.Config{
-		Image: r.GateImage, Cmd: []string{"gate", "serve", "--config", gateConfig}, Labels: labels,
+		Image: r.GateImage, Cmd: dockerrt.GateArgs(), Labels: labels,
 	}, &container.HostConfig{
 		Binds:       gateBinds,
-		NetworkMode: container.NetworkMode(r.egressNet()),
+		NetworkMode: container.NetworkMode(r.EgressNet()),
 		CapAdd:      []string{"SYS_ADMIN"},
 		SecurityOpt: []string{"seccomp=unconfined", "apparmor=unconfined"},
-	}, nil, nil, r.gateName())
+	}, nil, nil, r.GateName())
 	if err != nil {
 		return fmt.Errorf("creating the gate container: %w", err)
 	}
-	if err := e.c.NetworkConnect(ctx, r.internalNet(), gate.ID, &network.EndpointSettings{
+	if err := e.c.NetworkConnect(ctx, r.InternalNet(), gate.ID, &network.EndpointSettings{
 		IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.GateIP.String()},
 	}); err != nil {
 		return fmt.Errorf("connecting the gate to the internal network: %w", err)
@@ -245,7 +217,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	}
 
 	guestDir := filepath.Join(o.Dir, "guest")
-	if err := writeGuestDir(guestDir, r, o, ca); err != nil {
+	if err := dockerrt.WriteGuestDir(guestDir, r, o, ca); err != nil {
 		return err
 	}
 	binds := []string{guestDir + ":" + guestspec.Dir + ":ro"}
@@ -257,15 +229,15 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 		Hostname: o.Guest.Hostname, Labels: labels, WorkingDir: "/",
 	}, &container.HostConfig{
 		Binds:       binds,
-		NetworkMode: container.NetworkMode(r.internalNet()),
+		NetworkMode: container.NetworkMode(r.InternalNet()),
 		DNS:         []string{r.GateIP.String()},
 		Runtime:     r.Runtime,
 		// Raw sockets would let the workload forge its neighbours'
 		// addresses on the subnet; nothing in a sandbox needs them.
 		CapDrop: []string{"NET_RAW"},
 	}, &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
-		r.internalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
-	}}, nil, r.workName())
+		r.InternalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
+	}}, nil, r.WorkName())
 	if err != nil {
 		return fmt.Errorf("creating the workload container: %w", err)
 	}
@@ -278,7 +250,7 @@ func start(ctx context.Context, e *Engine, r *Record, o Options) error {
 	}
 	up, pid, err := e.running(ctx, work.ID)
 	if err != nil || !up {
-		return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.workName(), err)
+		return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.WorkName(), err)
 	}
 	if r.Runtime != "runsc" {
 		// Under runsc the routes and nat rules are gVisor's own, copied
@@ -300,14 +272,14 @@ const gateServing = "gate service jailed and serving"
 
 // waitGate waits for the gate to serve, jailed, and returns the CA
 // certificate it wrote, for the workload to trust.
-func waitGate(ctx context.Context, e *Engine, r *Record, caPath string, since time.Time) ([]byte, error) {
+func waitGate(ctx context.Context, e *Conn, r *dockerrt.Record, caPath string, since time.Time) ([]byte, error) {
 	deadline := time.Now().Add(agentWait)
 	for time.Now().Before(deadline) {
-		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 && strings.Contains(e.logs(ctx, r.gateName(), since, 50), gateServing) {
+		if b, err := os.ReadFile(caPath); err == nil && len(b) > 0 && strings.Contains(e.logs(ctx, r.GateName(), since, 50), gateServing) {
 			return b, nil
 		}
-		if up, _, err := e.running(ctx, r.gateName()); err == nil && !up {
-			return nil, fmt.Errorf("the gate stopped as it started: %s(see: docker logs %s)", e.logs(ctx, r.gateName(), since, 5), r.gateName())
+		if up, _, err := e.running(ctx, r.GateName()); err == nil && !up {
+			return nil, fmt.Errorf("the gate stopped as it started: %s(see: docker logs %s)", e.logs(ctx, r.GateName(), since, 5), r.GateName())
 		}
 		select {
 		case <-ctx.Done():
@@ -315,7 +287,7 @@ func waitGate(ctx context.Context, e *Engine, r *Record, caPath string, since ti
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return nil, fmt.Errorf("the gate wrote no CA certificate within %s; see its log with: docker logs %s", agentWait, r.gateName())
+	return nil, fmt.Errorf("the gate wrote no CA certificate within %s; see its log with: docker logs %s", agentWait, r.GateName())
 }
 
 func waitAgent(ctx context.Context, ap netip.AddrPort) error {
@@ -340,121 +312,6 @@ func waitAgent(ctx context.Context, ap netip.AddrPort) error {
 	}
 }
 
-// writeGateDir writes gate/ in the sandbox's state directory: the
-// service's configuration and the tenant's policy, with the [network]
-// trust files copied beside it (the gate sees nothing else of the host).
-//
-// It returns the directory and the gate container's binds: the directory
-// and, read-only at their own paths, the files of file: secrets.
-func writeGateDir(r *Record, o Options) (string, []string, error) {
-	dir := filepath.Join(o.Dir, "gate")
-	if err := os.MkdirAll(filepath.Join(dir, "trust"), 0o755); err != nil {
-		return "", nil, err
-	}
-	// Read again as service.uid on reload.
-	os.Chmod(dir, 0o755)
-	files := map[string][]byte{}
-	var order []string
-	for _, p := range o.Policy {
-		b, err := os.ReadFile(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return "", nil, err
-		}
-		files[p], order = b, append(order, p)
-	}
-	n := 0
-	trust := func(p string) (string, error) {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			return "", fmt.Errorf("[network] trust: %w", err)
-		}
-		n++
-		name := fmt.Sprintf("trust/%d.pem", n)
-		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
-			return "", err
-		}
-		return gateDir + "/" + name, nil
-	}
-	pol, err := PolicyFile(files, order, trust)
-	if err != nil {
-		return "", nil, err
-	}
-	if len(pol.Dropped) > 0 {
-		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: secrets %s are not handed to the gate (only from = \"file:...\" secrets are; an env: value would sit in the container's environment, which docker inspect shows); requests carry their placeholders unchanged\n",
-			r.Name, strings.Join(pol.Dropped, ", "))
-	}
-	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol.TOML, 0o644); err != nil {
-		return "", nil, err
-	}
-	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
-		return "", nil, err
-	}
-	binds := []string{dir + ":" + gateDir}
-	for _, f := range pol.SecretFiles {
-		binds = append(binds, f+":"+f+":ro")
-	}
-	return dir, binds, nil
-}
-
-// writeGuestDir completes guest/ (which holds the agent's host key) with
-// the guest's configuration, the gate's CA and moat itself.
-func writeGuestDir(dir string, r *Record, o Options, ca []byte) error {
-	g := *o.Guest
-	// The secrets' placeholders, which the gate wrote for its tenant's
-	// clients (never the values): every session's environment.
-	ph, err := os.ReadFile(filepath.Join(o.Dir, "gate", "state", "placeholders", tenant+".env"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	for _, l := range strings.Split(string(ph), "\n") {
-		l = strings.TrimSpace(l)
-		if k, _, ok := strings.Cut(l, "="); ok && k != "" && !strings.HasPrefix(k, "#") {
-			g.Env = append(slices.Clone(g.Env), l)
-		}
-	}
-	g.Listen = netip.AddrPortFrom(r.WorkloadIP, 22).String()
-	g.Nameserver = r.GateIP.String()
-	g.CAFile = guestspec.CAFile
-	b, err := json.Marshal(&g)
-	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, filepath.Base(guestspec.File)), b, 0o644); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(dir, filepath.Base(guestspec.CAFile)), ca, 0o644); err != nil {
-		return err
-	}
-	return copyBinary(o.Moat, filepath.Join(dir, filepath.Base(guestspec.Binary)))
-}
-
-// copyBinary puts moat in the guest directory: a hard link where it can,
-// else a copy (a bind of the file over a read-only bind would need a
-// mount point the runtime cannot create).
-func copyBinary(src, dst string) error {
-	os.Remove(dst)
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	in, err := os.Open(src)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
-}
-
 // stopTimeout is the workload's grace between SIGTERM and SIGKILL: moat
 // init gives its processes 5 s (internal/guest's shutdownGrace).
 const stopTimeout = 10
@@ -462,13 +319,13 @@ const stopTimeout = 10
 // Stop stops the sandbox's containers and keeps them, so that the next
 // start finds the workload as it was. The workload stops first: while it
 // runs, its gate does.
-func Stop(ctx context.Context, e *Engine, dir string) error {
-	r, err := Load(dir)
+func Stop(ctx context.Context, e *Conn, dir string) error {
+	r, err := dockerrt.Load(dir)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, n := range []string{r.workName(), r.gateName()} {
+	for _, n := range []string{r.WorkName(), r.GateName()} {
 		t := stopTimeout
 		if err := e.c.ContainerStop(ctx, n, container.StopOptions{Timeout: &t}); err != nil && !client.IsErrNotFound(err) {
 			errs = append(errs, fmt.Errorf("stopping %s: %w", n, err))
@@ -479,8 +336,8 @@ func Stop(ctx context.Context, e *Engine, dir string) error {
 
 // Down removes the sandbox's containers, networks and host rules. A
 // sandbox with nothing left is not an error.
-func Down(ctx context.Context, e *Engine, dir string) error {
-	r, err := Load(dir)
+func Down(ctx context.Context, e *Conn, dir string) error {
+	r, err := dockerrt.Load(dir)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// heavy are libraries that moat must not link: every moat process (the
+// CLI, and a sandbox's keeper, gate process, reaper and shim, all this
+// binary) pays their package init. Each belongs to one front end, which
+// is a binary of its own, its owner (docs/architecture.md, "Three
+// binaries"); the other binaries leave it out too.
+var heavy = []struct{ prefix, why, owner string }{
+	{"github.com/docker/docker", "the Docker SDK", "moat-docker"},
+	{"github.com/distribution/reference", "the Docker SDK's image references: regexps compiled at init", "moat-docker"},
+	{"go.opentelemetry.io/", "the Docker SDK's tracing", "moat-docker"},
+	{"github.com/prometheus/", "the gate service's metrics", "moat-gate"},
+	{"google.golang.org/protobuf", "Prometheus's wire format", "moat-gate"},
+}
+
+// commands are the binaries checked.
+var commands = []string{"moat", "moat-docker", "moat-gate"}
+
+// TestHeavyDepsStayOut fails when a command links a library it must not,
+// and names the import chain that pulls it in, shortest first.
+func TestHeavyDepsStayOut(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command on PATH (go test puts its own there): %v", err)
+	}
+	var roots []string
+	for _, c := range commands {
+		roots = append(roots, "moat.dev/moat/cmd/"+c)
+	}
+	// One go list for the three: the union of their graphs, each package
+	// with what it imports (for the build's own GOOS and tags).
+	out, err := exec.Command(gobin, append([]string{"list", "-deps", "-f", "{{.ImportPath}}:{{join .Imports \" \"}}"}, roots...)...).Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Fatalf("go list -deps: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list -deps: %v", err)
+	}
+	graph := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		pkg, imps, _ := strings.Cut(l, ":")
+		graph[pkg] = strings.Fields(imps)
+	}
+	for i, root := range roots {
+		if _, ok := graph[root]; !ok {
+			t.Fatalf("go list did not list %s", root)
+		}
+		for _, h := range heavy {
+			if h.owner == commands[i] {
+				continue
+			}
+			if chain := chainTo(graph, root, h.prefix); chain != nil {
+				t.Errorf("%s links %s (%s), which belongs in %s only; the import chain:\n  %s",
+					commands[i], chain[len(chain)-1], h.why, h.owner, strings.Join(chain, "\n  -> "))
+			}
+		}
+	}
+}
+
+// chainTo is the shortest import chain from root to a package whose path
+// is prefix or lies under it, or nil.
+func chainTo(graph map[string][]string, root, prefix string) []string {
+	match := func(p string) bool { return p == prefix || strings.HasPrefix(p, strings.TrimSuffix(prefix, "/")+"/") }
+	parent := map[string]string{root: ""}
+	queue := []string{root}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if match(p) {
+			var chain []string
+			for q := p; q != ""; q = parent[q] {
+				chain = append(chain, q)
+			}
+			slices.Reverse(chain)
+			return chain
+		}
+		for _, imp := range graph[p] {
+			if _, seen := parent[imp]; !seen {
+				parent[imp] = p
+				queue = append(queue, imp)
+			}
+		}
+	}
+	return nil
+}
+
+func TestChainTo(t *testing.T) {
+	graph := map[string][]string{
+		"a": {"b", "c"}, "b": {"github.com/docker/docker-credential-helpers/client"},
+		"c": {"d"}, "d": {"github.com/docker/docker/client"},
+	}
+	for _, tc := range []struct {
+		prefix string
+		want   []string
+	}{
+		{"github.com/docker/docker", []string{"a", "c", "d", "github.com/docker/docker/client"}},
+		{"go.opentelemetry.io/", nil},
+		{"d", []string{"a", "c", "d"}},
+	} {
+		if got := chainTo(graph, "a", tc.prefix); !slices.Equal(got, tc.want) {
+			t.Errorf("chainTo(%q) = %v, want %v", tc.prefix, got, tc.want)
+		}
+	}
+}
