@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -66,6 +67,17 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 		}
 		if l.Mode == config.ModeReport {
 			out = append(out, fmt.Sprintf("%s: network.mode = \"report\" lets through everything the policy would deny", l.Source))
+		}
+	}
+	for _, s := range config.SortedMCP(cfg.Network.MCP) {
+		if theirs(s.Source) {
+			what := "any tool"
+			if len(s.Tools) == 0 {
+				what = "no tool"
+			} else if !slices.Contains(s.Tools, "*") {
+				what = "the tools " + clipList(s.Tools, 12)
+			}
+			out = append(out, fmt.Sprintf("%s: mcp.%s lets the agent use MCP server %s, %s", s.Source, s.Name, s.URL, what))
 		}
 	}
 	for _, src := range cfg.SSHAgent.Sources {

@@ -49,6 +49,7 @@ func withConfigEnv(rec *state.Record, sessEnv map[string]string) (map[string]str
 	if err != nil {
 		return nil, err
 	}
+	sessEnv = withMCPEnv(cfg, sessEnv)
 	if len(cfg.EnvVars) == 0 {
 		return sessEnv, nil
 	}

@@ -321,6 +321,8 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 		Ledger:        n.ledger,
 		Log:           d.log.With("component", "gate"),
 		Settling:      n.settling,
+		// Declared MCP servers: their calls are decided one by one.
+		MCP: gate.MCPServers(o.Config.MCP),
 
 		// What the gate holds for the sandbox at once (gatelimits.go).
 		MaxConnections: lim.conns,

@@ -58,6 +58,8 @@ type SeedInput struct {
 	Version string
 	// Env is the preset's variables, for the agent's settings.
 	Env map[string]string
+	// MCP are the sandbox's MCP servers, with placeholders (mcp.go).
+	MCP []MCPEntry
 }
 
 // claudeKeySuffix is how Claude Code remembers an approved key: its last
@@ -102,6 +104,9 @@ func MergeClaudeConfig(old []byte, in SeedInput) ([]byte, bool, error) {
 			continue
 		}
 		object(projects, d)["hasTrustDialogAccepted"] = true
+	}
+	if err := mergeClaudeMCP(m, in); err != nil {
+		return nil, false, err
 	}
 	after := mustJSON(m)
 	return after, !bytes.Equal(before, after), nil
@@ -159,6 +164,11 @@ func MergeCodexConfig(old []byte, in SeedInput) ([]byte, bool, error) {
 		}
 		set(object(projects, d), "trust_level", "trusted")
 	}
+	mcpChanged, err := mergeCodexMCP(m, in)
+	if err != nil {
+		return nil, false, err
+	}
+	changed = changed || mcpChanged
 	if !changed {
 		return old, false, nil
 	}

@@ -77,7 +77,8 @@ func seed(p *Preset, ws, path string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	in := SeedInput{Dirs: dirs(ws), Env: p.Env, Version: installedVersion(path, p.Package)}
+	in := SeedInput{Dirs: dirs(ws), Env: p.Env, Version: installedVersion(path, p.Package),
+		MCP: mcpFromEnv(func(s string) { fmt.Fprintln(stderr, "moat:", s) })}
 	if in.Version != "" && p.Checked != "" && NewerThan(in.Version, p.Checked) {
 		noteNewer(p, home, in.Version, stderr)
 	}
