@@ -6,6 +6,9 @@
 #           starting it (target: resume <= 0.5x cold)
 #   suspend: `moat suspend` time and the image's size against the guest's memory in use, idle and
 #           with a process holding BALLAST_MIB of incompressible memory
+#   fork:   `moat fork` of the running sandbox (its suspend, the copy, its resume)  vs  the same cold
+#           start; and `moat snapshot save` of the running sandbox, `moat snapshot restore` of it until
+#           the server answers again
 set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-5}
@@ -16,6 +19,7 @@ export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
 proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/suspendbench; mkdir -p "$proj"
 cleanup() {
 	"$MOAT" destroy --yes suspendbench >/dev/null 2>&1 || true
+	"$MOAT" destroy --yes forkbench >/dev/null 2>&1 || true
 	rm -rf "$MOAT_HOME" "$(dirname "$proj")"
 }
 trap cleanup EXIT
@@ -65,7 +69,7 @@ image_kib() { du -sk "$MOAT_HOME/state/sandboxes/suspendbench/suspend" | awk '{p
 
 (cd "$proj" && "$MOAT" up --trust-project >/dev/null 2>&1)
 answers
-cold=() resume=() susp=() img=() used=()
+cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=()
 for i in $(seq "$N"); do
 	# Cold: from stopped (down drops any image) to the server's answer.
 	"$MOAT" down suspendbench >/dev/null 2>&1
@@ -74,6 +78,11 @@ for i in $(seq "$N"); do
 	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
 	img+=("$(image_kib)")
 	t=$(date +%s%N); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
+	t=$(date +%s%N); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
+	"$MOAT" destroy --yes forkbench >/dev/null 2>&1
+	t=$(date +%s%N); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
+	t=$(date +%s%N); "$MOAT" snapshot restore suspendbench "s$i" --yes >/dev/null 2>&1; answers; srestore+=("$(ms "$t")")
+	"$MOAT" snapshot rm suspendbench "s$i" --yes >/dev/null 2>&1
 done
 
 # The same with BALLAST_MIB of random bytes held by a process in the guest.
@@ -95,4 +104,7 @@ per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
 su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
 printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" $((si / 1024)) $((su / 1024)) "$(per "$si" "$su")"
 printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$BALLAST_MIB" "$(m "${bsusp[@]}")" $((bi / 1024)) $((bu / 1024)) "$(per "$bi" "$bu")"
-printf 'raw: cold %s | resume %s | suspend %s | suspend+ballast %s\n' "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}"
+f=$(m "${fork[@]}")
+printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(awk -v a="$f" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
+printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
+printf 'raw: cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
