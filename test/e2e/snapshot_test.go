@@ -9,12 +9,15 @@ package e2e
 import (
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"moat.dev/moat/internal/testfs"
 )
 
 // snapshotToml starts a counter whose count lives in the shell's memory,
@@ -288,4 +291,97 @@ func TestSnapshot(t *testing.T) {
 		}
 		assertNothingLeft(t)
 	})
+}
+
+// TestSnapshotFullDisk: a save that runs out of disk while it copies
+// leaves no snapshot, half-written or whole, and the sandbox running with
+// its processes; with room again the save works.
+func TestSnapshotFullDisk(t *testing.T) {
+	home := testfs.Small(t, "200m") // unmounted after the clean-up below
+	name := "snap-full"
+	dir := project(t, name)
+	os.Chmod(dir, 0o777)
+	// disk = "unlimited": the writable layer in the state directory, not
+	// an image the small filesystem has no room for.
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte("[sandbox]\ndisk = \"unlimited\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"MOAT_HOME=" + home}
+	stateDir := filepath.Join(home, "state", "sandboxes", name)
+	var filler string
+	t.Cleanup(func() {
+		if filler != "" {
+			os.Remove(filler)
+		}
+		c := exec.Command(moatBin, "destroy", "--yes", name)
+		c.Env = moatEnv(env)
+		if out, err := c.CombinedOutput(); err != nil {
+			t.Errorf("destroy: %v\n%s", err, out)
+		}
+	})
+	must := func(args ...string) string {
+		t.Helper()
+		r := moat(t, dir, env, args...)
+		if r.code != 0 {
+			t.Fatalf("moat %v: exit %d, stderr %q", args, r.code, r.stderr)
+		}
+		return r.stdout
+	}
+	must("up")
+	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
+	// A suspend measures the image; the guest then maps the moat binary
+	// kept in the state directory, so later suspends write only the image.
+	var susp struct {
+		ImageBytes int64 `json:"image_bytes"`
+	}
+	if err := json.Unmarshal([]byte(must("suspend", name, "--json")), &susp); err != nil || susp.ImageBytes <= 0 {
+		t.Fatalf("suspend --json: %v, %+v", err, susp)
+	}
+	must("resume", name)
+	counter := func() int {
+		t.Helper()
+		n, err := strconv.Atoi(strings.TrimSpace(must("exec", name, "--", "cat", "/tmp/c")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	before := counter()
+
+	// Room for the suspend's image and half as much again: the copy of
+	// the image into the snapshot is what meets the full disk.
+	filler = testfs.Fill(t, home)
+	fi, err := os.Stat(filler)
+	if err != nil || os.Truncate(filler, fi.Size()-susp.ImageBytes*3/2) != nil {
+		t.Fatalf("making room for one image: %v", err)
+	}
+	r := moat(t, dir, env, "snapshot", "save", name, "full")
+	if r.code == 0 || !strings.Contains(r.stderr, "no space left on device") || !strings.Contains(r.stderr, "nothing was saved") {
+		t.Fatalf("save on a full disk: exit %d, stderr %q; want a failure that says the disk is full and nothing was saved", r.code, r.stderr)
+	}
+	ents, _ := os.ReadDir(filepath.Join(stateDir, "snapshots"))
+	for _, e := range ents {
+		t.Errorf("%s is left in snapshots/ after the failed save", e.Name())
+	}
+	if st := sandboxState(t, dir, name, env); st != "running" {
+		t.Fatalf("after the failed save the sandbox is %s, want running", st)
+	}
+	after := counter()
+	later := after
+	for i := 0; i < 40 && later == after; i++ {
+		time.Sleep(100 * time.Millisecond)
+		later = counter()
+	}
+	if after < before || later <= after {
+		t.Fatalf("the guest's counter went %d, %d, %d across the failed save: its processes did not survive", before, after, later)
+	}
+
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	filler = ""
+	must("snapshot", "save", name, "full")
+	if out := must("snapshot", "list", name); !strings.Contains(out, "full") {
+		t.Fatalf("with room again, the save is not listed:\n%s", out)
+	}
 }
