@@ -258,6 +258,23 @@ func TestSnapshot(t *testing.T) {
 		mustMoat(t, dir, "exec", name, "--", "true")
 	})
 
+	t.Run("suspended_sandbox_stays_suspended", func(t *testing.T) {
+		mustMoat(t, dir, "suspend", name)
+		r := moat(t, dir, nil, "snapshot", "save", name, "from-suspended", "--json")
+		var s snapshotJSON
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &s) != nil || !s.Processes || s.SandboxResumed {
+			t.Fatalf("save of a suspended sandbox: exit %d, %q\n%s; want its processes, the sandbox left suspended", r.code, r.stdout, r.stderr)
+		}
+		if st := sandboxState(t, dir, name, nil); st != "suspended" {
+			t.Errorf("after the save the sandbox is %s, want suspended still", st)
+		}
+		if _, err := os.Stat(filepath.Join(stateDir, "suspend", "checkpoint.img")); err != nil {
+			t.Errorf("the save used up the sandbox's own image: %v", err)
+		}
+		mustMoat(t, dir, "resume", name)
+		mustMoat(t, dir, "exec", name, "--", "true")
+	})
+
 	t.Run("stopped_sandbox_gives_files_only", func(t *testing.T) {
 		mustMoat(t, dir, "down", name)
 		r := moat(t, dir, nil, "snapshot", "save", name, "cold", "--json")
