@@ -111,6 +111,7 @@ func (c *checker) file(raw *rawFile) *File {
 		OnCreate: c.list("hooks.on_create", raw.Hooks.OnCreate),
 		OnUp:     c.list("hooks.on_up", raw.Hooks.OnUp),
 	}
+	f.Workspace = c.workspace(raw.Workspace.Repos)
 	return f
 }
 

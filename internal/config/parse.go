@@ -34,6 +34,9 @@ type File struct {
 	Policies map[string]Policy // [policies.NAME]
 	Audit    AuditLayer
 	MCP      map[string]MCPServer // [mcp.NAME]
+	// Workspace is [workspace] repos: the repositories `moat work` opens
+	// a ticket across, as absolute host paths (internal/ticket).
+	Workspace []string
 
 	ix *docIndex // positions of keys, for errors found after merging
 }
@@ -116,18 +119,23 @@ func Parse(path string, data []byte) (*File, error) {
 // names are the TOML keys, so they are frozen: renaming one breaks every
 // moat.toml that uses it.
 type rawFile struct {
-	Sandbox  rawSandbox           `toml:"sandbox"`
-	Shares   []rawShare           `toml:"shares"`
-	Files    []rawCopy            `toml:"files"`
-	Network  rawNetwork           `toml:"network"`
-	Secrets  map[string]rawSecret `toml:"secrets"`
-	Env      map[string]any       `toml:"env"` // strings, or true: the host's value
-	Forwards rawForwards          `toml:"forwards"`
-	Hooks    rawHooks             `toml:"hooks"`
-	SSHAgent rawSSHAgent          `toml:"ssh_agent"`
-	Policies map[string]rawPolicy `toml:"policies"`
-	Audit    rawAudit             `toml:"audit"`
-	MCP      map[string]rawMCP    `toml:"mcp"`
+	Sandbox   rawSandbox           `toml:"sandbox"`
+	Shares    []rawShare           `toml:"shares"`
+	Files     []rawCopy            `toml:"files"`
+	Network   rawNetwork           `toml:"network"`
+	Secrets   map[string]rawSecret `toml:"secrets"`
+	Env       map[string]any       `toml:"env"` // strings, or true: the host's value
+	Forwards  rawForwards          `toml:"forwards"`
+	Hooks     rawHooks             `toml:"hooks"`
+	SSHAgent  rawSSHAgent          `toml:"ssh_agent"`
+	Policies  map[string]rawPolicy `toml:"policies"`
+	Audit     rawAudit             `toml:"audit"`
+	MCP       map[string]rawMCP    `toml:"mcp"`
+	Workspace rawWorkspace         `toml:"workspace"`
+}
+
+type rawWorkspace struct {
+	Repos []string `toml:"repos"`
 }
 
 type rawAudit struct {
@@ -201,7 +209,7 @@ type rawHooks struct {
 // knownKeys lists each table's keys for "unknown key" errors, in the
 // order the documentation gives them. It must match the raw* types.
 var knownKeys = map[string][]string{
-	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit", "mcp"},
+	"":           {"sandbox", "shares", "files", "network", "secrets", "env", "forwards", "hooks", "policies", "ssh_agent", "audit", "mcp", "workspace"},
 	"sandbox":    {"name", "image", "runtime", "cpus", "memory", "memory_max", "pids_max", "idle_timeout", "daemon_memory_max", "disk", "platform"},
 	"shares[]":   {"path", "target", "rw"},
 	"files[]":    {"source", "target", "mode"},
@@ -213,6 +221,7 @@ var knownKeys = map[string][]string{
 	"ssh_agent":  {"keys", "confirm"},
 	"audit":      {"max_size", "retention"},
 	"mcp.*":      {"url", "secret", "tools", "resources", "audit_arguments"},
+	"workspace":  {"repos"},
 }
 
 // want is what a key's value must be, for type errors.
@@ -313,6 +322,10 @@ var wants = map[string]want{
 	"sandbox.disk":              wantDisk,
 	"sandbox.platform":          wantString,
 	"sandbox.idle_action":       wantString,
+
+	"workspace":         wantTable,
+	"workspace.repos":   wantList,
+	"workspace.repos[]": wantString,
 
 	// The gate's per-sandbox bounds.
 	"network.max_connections": wantInt,
