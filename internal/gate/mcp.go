@@ -111,7 +111,10 @@ func globMatch(pattern, s string) bool {
 // on the way back), prompts (text the server offers, no action), and
 // client-side settings. Notifications ("notifications/...") pass too.
 var mcpPassMethods = map[string]bool{
-	"initialize":               true,
+	"initialize": true,
+	// The 2026 revision's discovery, which the Go SDK's client (v1.8)
+	// sends before initialize: the server's capabilities and versions.
+	"server/discover":          true,
 	"ping":                     true,
 	"tools/list":               true,
 	"resources/list":           true,

@@ -68,6 +68,7 @@ func TestDecideMCP(t *testing.T) {
 		{"resource refused", `{"jsonrpc":"2.0","id":"a","method":"resources/read","params":{"uri":"repo://private/x"}}`, want{reasons: []audit.Reason{audit.ReasonMCPNoRule}}},
 		{"subscribe decided like read", `{"jsonrpc":"2.0","id":2,"method":"resources/subscribe","params":{"uri":"file:///etc"}}`, want{reasons: []audit.Reason{audit.ReasonMCPNoRule}}},
 		{"handshake passes", `{"jsonrpc":"2.0","id":0,"method":"initialize","params":{}}`, want{allowed: true, reasons: []audit.Reason{""}}},
+		{"discovery passes", `{"jsonrpc":"2.0","id":0,"method":"server/discover","params":{}}`, want{allowed: true, reasons: []audit.Reason{""}}},
 		{"notification passes", `{"jsonrpc":"2.0","method":"notifications/initialized"}`, want{allowed: true, reasons: []audit.Reason{""}}},
 		{"response passes", `{"jsonrpc":"2.0","id":7,"result":{}}`, want{allowed: true, reasons: []audit.Reason{""}}},
 		{"unknown method refused", `{"jsonrpc":"2.0","id":3,"method":"tasks/run","params":{}}`, want{reasons: []audit.Reason{audit.ReasonMCPMethod}}},
