@@ -2,6 +2,15 @@
 // moat's own gVisor sandbox is not wanted or not possible, with moat's gate
 // still the only way out.
 //
+// It is in two parts, because moat must not link the Docker SDK (every
+// moat process would pay its package init; docs/architecture.md, "Three
+// binaries"). This package, without the SDK, is what moat imports: the
+// record, the plan (subnet, names, the gate's configuration and policy),
+// the start's directories, and Helper, which runs moat-docker.
+// internal/dockerrt/engine holds the engine's side (the SDK, the
+// containers, the workload's network namespace), and is linked only into
+// moat-docker (cmd/moat-docker), which moat runs from its own directory.
+//
 // Topology, per sandbox (names carry the sandbox's name; every object is
 // labelled moat.sandbox=NAME so that Down finds what a crashed Up left):
 //
@@ -11,8 +20,8 @@
 //	                  configuration names the workload as its tenant before
 //	                  either container starts.
 //	moat-NAME-egress  an ordinary bridge: the gate's way out.
-//	moat-NAME-gate    `moat gate serve` (internal/gateserve) from a FROM
-//	                  scratch image holding the moat binary, on both
+//	moat-NAME-gate    `moat-gate serve` (internal/gateserve) from a FROM
+//	                  scratch image holding the moat-gate binary, on both
 //	                  networks; DNS, HTTP and HTTPS on its internal address.
 //	moat-NAME-work    the workload image, on the internal network only,
 //	                  with moat init (internal/guest) as PID 1 and the
@@ -26,7 +35,7 @@
 // workload runs, moat enters its network namespace from the host (the
 // workload never gets NET_ADMIN) and deletes every route but the subnet's,
 // and flushes the nat rules that send 127.0.0.11 to Docker's resolver
-// (netns_linux.go). The host's bridge address is on the subnet, so the
+// (engine/netns_linux.go). The host's bridge address is on the subnet, so the
 // host's INPUT chain drops what the bridge brings that is not a reply to
 // the host's own connection (the agent's answers).
 //
@@ -36,4 +45,25 @@
 // start uses it, never the tag again), gate_image, runtime (runc or
 // runsc), subnet, gate_ip, workload_ip, bridge (the internal bridge's
 // interface name).
+//
+// The moat-docker protocol (Helper and engine.Main; frozen, since moat and
+// moat-docker of different builds may meet: fields and commands are only
+// added). One operation per run:
+//
+//	moat-docker info                    {"schema":1,"version":V,"api":A,"runsc":BOOL}
+//	moat-docker prepare DIR NAME IMAGE  the record it wrote to DIR
+//	moat-docker up                      the record, once the guest agent answers;
+//	                                    stdin: Options as JSON, "schema" 1
+//	moat-docker stop DIR                {"schema":1}
+//	moat-docker down DIR                {"schema":1}
+//
+// The result is one JSON object on stdout, on exit code 0. Every other
+// line on stderr is for the user (warnings), and moat passes it on as it
+// comes; the error, on failure, is the lines beginning "moat-docker: "
+// (ErrorPrefix), one per line of its message. The exit code is the
+// error's class (ExitCode): 3 the engine is not reachable or not the local
+// rootful one (ErrUnreachable, ErrNotLocal), 4 the directory has no
+// record (ErrNoRecord), 5 Docker has no such image (ErrNoImage), 1 or any
+// other anything else (2 is Go's for a panic). SIGTERM or SIGINT cancels
+// the operation; a start cancelled half-way removes what it made.
 package dockerrt

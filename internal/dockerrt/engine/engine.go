@@ -1,3 +1,10 @@
+// Package engine is the Docker engine's side of runtime = "docker": the
+// SDK client, a sandbox's containers and networks, and the workload's
+// network namespace, edited from the host. It is linked only into
+// moat-docker (cmd/moat-docker; Main), never into moat, whose every
+// process would pay the SDK's package init; moat reaches it through
+// dockerrt.Helper. The topology and the protocol are dockerrt's package
+// doc.
 package engine
 
 import (
