@@ -33,6 +33,13 @@ type Config struct {
 	Answer netip.Addr
 	// Audit is where clients that are no tenant's are recorded.
 	Audit string
+	// Names, when valid, is an IPv4 range the service owns on the
+	// clients' network: DNS answers each name with an address of it
+	// bound to the name (per tenant), and a connection to that address
+	// on any TCP port is decided by the name. Invalid: every name is
+	// answered with the service's own address, and only its listeners'
+	// ports are served.
+	Names netip.Prefix
 
 	DNS, HTTP, HTTPS []netip.AddrPort
 	Metrics          netip.AddrPort // invalid: no metrics listener
@@ -73,6 +80,7 @@ type rawService struct {
 	CACert   *string `toml:"ca_cert"`
 	Answer   *string `toml:"answer"`
 	Audit    *string `toml:"audit"`
+	Names    *string `toml:"names"`
 }
 
 type rawListen struct {
@@ -214,16 +222,25 @@ func (c *checker) check(raw *rawConfig) *Config {
 		cfg.Answer = ip
 	}
 
+	if n := raw.Service.Names; n != nil {
+		cfg.Names = c.names(*n)
+		if cfg.Names.IsValid() && cfg.Answer.IsValid() {
+			c.fail("service.answer", "set with service.names, which answers each name with an address of its range; remove one of them")
+		}
+	}
+
 	cfg.DNS = c.addrs("listen.dns", raw.Listen.DNS, 53)
 	cfg.HTTP = c.addrs("listen.http", raw.Listen.HTTP, 80)
 	cfg.HTTPS = c.addrs("listen.https", raw.Listen.HTTPS, 443)
 	if len(cfg.DNS) == 0 {
 		c.fail("listen.dns", "missing: clients find the service through its DNS; e.g. dns = [\"10.0.0.1:53\"]")
 	}
-	if len(cfg.HTTP)+len(cfg.HTTPS) == 0 {
-		c.fail("listen.https", "missing: give at least one of listen.http and listen.https, e.g. https = [\"10.0.0.1:443\"]")
+	// With a names range, 80 and 443 reach the service at the range's
+	// addresses; listeners of their own are optional.
+	if len(cfg.HTTP)+len(cfg.HTTPS) == 0 && !cfg.Names.IsValid() {
+		c.fail("listen.https", "missing: give at least one of listen.http and listen.https, e.g. https = [\"10.0.0.1:443\"], or service.names")
 	}
-	if !cfg.Answer.IsValid() {
+	if !cfg.Answer.IsValid() && !cfg.Names.IsValid() {
 		for _, ap := range cfg.DNS {
 			if !ap.Addr().Is4() || ap.Addr().IsUnspecified() {
 				c.fail("listen.dns", "%s: DNS answers with the address it was asked on, which must then be one IPv4 address; listen on it, or set service.answer", ap)
@@ -249,6 +266,18 @@ func (c *checker) check(raw *rawConfig) *Config {
 				c.fail(l.key, "%s is also in %s; give each listener its own port", ap, other)
 			}
 			seen[ap] = l.key
+		}
+	}
+	if cfg.Names.IsValid() {
+		for _, l := range []struct {
+			key string
+			aps []netip.AddrPort
+		}{{"listen.dns", cfg.DNS}, {"listen.http", cfg.HTTP}, {"listen.https", cfg.HTTPS}, {"listen.metrics", []netip.AddrPort{cfg.Metrics}}} {
+			for _, ap := range l.aps {
+				if ap.IsValid() && cfg.Names.Contains(ap.Addr()) {
+					c.fail(l.key, "%s is inside service.names %s, whose every connection goes to the names listener; listen outside the range", ap, cfg.Names)
+				}
+			}
 		}
 	}
 	cfg.Upstream = c.addrs("upstream.dns", raw.Upstream.DNS, 53)
@@ -281,6 +310,9 @@ func (c *checker) check(raw *rawConfig) *Config {
 					c.fail(key+".sources", "%s overlaps %s of tenant %s; a client must belong to one tenant", p, q, other)
 				}
 			}
+			if cfg.Names.IsValid() && cfg.Names.Overlaps(p) {
+				c.fail(key+".sources", "%s overlaps service.names %s: a client cannot have an address of the range the service answers names with", p, cfg.Names)
+			}
 			owner[p] = name
 			t.Sources = append(t.Sources, p)
 		}
@@ -303,6 +335,37 @@ func (c *checker) check(raw *rawConfig) *Config {
 		cfg.Tenants = append(cfg.Tenants, t)
 	}
 	return cfg
+}
+
+// names checks service.names: an IPv4 subnet with host bits zero, from /8
+// (a pool holds at most 65536 names anyway) to /30 (two addresses).
+func (c *checker) names(s string) netip.Prefix {
+	p, err := netip.ParsePrefix(s)
+	switch {
+	case err != nil || !p.Addr().Is4():
+		c.fail("service.names", "%q: give an IPv4 subnet the clients reach the service at, e.g. names = \"10.213.7.128/25\" (the upper half of their /24)", s)
+	case p.Masked() != p:
+		c.fail("service.names", "%q has host bits set; did you mean %s?", s, p.Masked())
+	case p.Bits() < 8 || p.Bits() > 30:
+		c.fail("service.names", "%q: give a subnet from /8 to /30, e.g. a /25", s)
+	default:
+		for _, bad := range notNames {
+			if p.Overlaps(bad) {
+				c.fail("service.names", "%q overlaps %s, which is no network's; give a range on the clients' network", s, bad)
+				return netip.Prefix{}
+			}
+		}
+		return p
+	}
+	return netip.Prefix{}
+}
+
+// notNames are ranges that cannot be a network's: the names range is
+// routed to the service, and taking one of these would take it from the
+// host (loopback) or mean nothing on a wire.
+var notNames = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"), netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("169.254.0.0/16"),
+	netip.MustParsePrefix("224.0.0.0/4"), netip.MustParsePrefix("240.0.0.0/4"),
 }
 
 // parseSource reads an address (a /32 or /128) or a subnet written with

@@ -79,6 +79,15 @@ func TestParseConfigErrors(t *testing.T) {
 			[]string{"tenants.alpha.policy: missing"}},
 		{"bad tenant name", strings.Replace(goodConfig, "[tenants.alpha]", "[tenants.Alpha]", 1),
 			[]string{"gate.toml:10:", "not a tenant name"}},
+		{"names not a subnet", withNames("10.0.9.1"), []string{"gate.toml:3:", "service.names", "IPv4 subnet"}},
+		{"names host bits", withNames("10.0.9.1/25"), []string{"gate.toml:3:", "did you mean 10.0.9.0/25"}},
+		{"names too small", withNames("10.0.9.0/31"), []string{"gate.toml:3:", "/8 to /30"}},
+		{"names IPv6", withNames("fd00::/64"), []string{"gate.toml:3:", "IPv4 subnet"}},
+		{"names loopback", withNames("127.9.0.0/16"), []string{"gate.toml:3:", "overlaps 127.0.0.0/8"}},
+		{"names holds a listener", withNames("10.0.0.0/24"), []string{"listen.dns", "inside service.names"}},
+		{"names holds a client", withNames("10.0.1.128/25"), []string{"gate.toml:12:", "overlaps service.names"}},
+		{"names and answer", strings.Replace(withNames("10.0.9.0/24"), "[service]", "[service]\nanswer = \"10.0.0.1\"", 1),
+			[]string{"service.answer", "remove one"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ParseConfig("/etc/gate.toml", []byte(tc.data))
@@ -94,6 +103,28 @@ func TestParseConfigErrors(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func withNames(n string) string {
+	return strings.Replace(goodConfig, "[service]", "[service]\nnames = \""+n+"\"", 1)
+}
+
+func TestParseConfigNames(t *testing.T) {
+	// With a names range, listeners for 80 and 443 are optional: the
+	// range's addresses take every port.
+	data := strings.Replace(withNames("10.0.9.128/25"), "https = [\"10.0.0.1\"]\n", "", 1)
+	cfg, err := ParseConfig("/etc/gate.toml", []byte(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Names != netip.MustParsePrefix("10.0.9.128/25") || len(cfg.HTTPS) != 0 {
+		t.Errorf("names = %v, https = %v; want 10.0.9.128/25 and none", cfg.Names, cfg.HTTPS)
+	}
+	// A wildcard DNS listener needs no answer address either.
+	data = strings.Replace(data, `dns = ["10.0.0.1:53"]`, `dns = ["0.0.0.0:53"]`, 1)
+	if _, err := ParseConfig("/etc/gate.toml", []byte(data)); err != nil {
+		t.Errorf("a wildcard DNS listener with names: %v", err)
 	}
 }
 

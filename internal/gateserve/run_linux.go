@@ -27,7 +27,8 @@ const jailedEnv = "MOAT_GATE_SERVE_JAILED"
 // Run is `moat gate serve --config path`. Started as root, it starts
 // itself again in a mount namespace of its own and waits for that child,
 // passing on SIGHUP (reload), SIGTERM and SIGINT (stop): the parent reads
-// nothing a client sends. The child binds the listeners, reads the
+// nothing a client sends. The child binds the listeners (and routes a
+// names range to itself: names_linux.go), reads the
 // configuration, the CA and the secrets, then jails itself
 // (internal/lockdown, as a sandbox's gate process does): service.uid, no
 // capabilities, the seccomp filter, and of the host's files only the
@@ -41,8 +42,19 @@ func Run(ctx context.Context, path string, log *slog.Logger) error {
 		return errors.New("moat gate serve binds its ports as root and then drops to service.uid in a jail; run it as root (sudo moat gate serve --config FILE)")
 	}
 	// Checked here too, so a mistake is reported before anything starts.
-	if _, err := LoadConfig(path); err != nil {
+	cfg, err := LoadConfig(path)
+	if err != nil {
 		return err
+	}
+	if cfg.Names.IsValid() {
+		// The child routes the names range to itself; whatever of that
+		// outlives it (the route always, the nftables table on kernels
+		// before 5.12) is removed here, as root, however it ended.
+		defer func() {
+			if err := removeInterception(cfg.Names); err != nil {
+				log.Warn("gate service: removing the names range's route and table", "names", cfg.Names, "err", err)
+			}
+		}()
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -128,7 +140,7 @@ func runJailed(ctx context.Context, path string, log *slog.Logger) error {
 		return fmt.Errorf("jailing the gate service: %w", err)
 	}
 	log.Info("gate service jailed and serving", "uid", cfg.UID, "tenants", len(cfg.Tenants),
-		"dns", cfg.DNS, "http", cfg.HTTP, "https", cfg.HTTPS, "ca_cert", cfg.CACert)
+		"dns", cfg.DNS, "http", cfg.HTTP, "https", cfg.HTTPS, "names", cfg.Names, "ca_cert", cfg.CACert)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {

@@ -16,13 +16,20 @@
 // same method/path rules, secret swapping, scrubbing, refusal pages and
 // refused address classes at dial time.
 //
-// Not covered: ports other than the listeners' (a client that dials a
-// database or SSH port at the answered address finds nothing there: the
-// service does not own an address range to bind names to), traffic that
-// does not use the service's DNS, and UDP other than DNS. The network in
-// front must drop everything else (a Docker --internal network, a
-// Kubernetes NetworkPolicy): the service decides what it is sent, it does
-// not capture.
+// Other ports need an address that stands for the name. With
+// [service] names, the service owns a range on the clients' network (a
+// local route, so it answers ARP for it; names_linux.go), and DNS answers
+// each name with an address of the range bound to it, per tenant (the
+// tenant's gate's pool: gate.Options.Names). Every TCP connection to the
+// range, on any port, reaches one transparent listener with the address
+// the client dialed, and is decided as in a sandbox by the name bound
+// there (80 and 443 still by Host and SNI); the upstream is what the
+// service resolves for the name.
+//
+// Not covered: traffic that does not use the service's DNS, and UDP other
+// than DNS. The network in front must drop everything else (a Docker
+// --internal network, a Kubernetes NetworkPolicy): the service decides
+// what it is sent, it does not capture.
 //
 // A client whose source address is no tenant's gets nothing: DNS answers
 // REFUSED, connections are reset, and each is recorded in the service's
@@ -60,7 +67,16 @@ type Listeners struct {
 	DNSTCP      []net.Listener
 	HTTP, HTTPS []net.Listener
 	Metrics     net.Listener // nil: none
+	// Names is the transparent listener every connection to
+	// Config.Names is handed to; nil without a names range. ic is what
+	// routes the range to it, and lives as long as the listener.
+	Names net.Listener
+	ic    *interception
 }
+
+// namesListener is where the names range's connections are handed: a
+// loopback address no client reaches, on a port the kernel picks.
+var namesListener = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), 0)
 
 // Listen binds every listener cfg names.
 func Listen(cfg *Config) (*Listeners, error) {
@@ -93,6 +109,16 @@ func Listen(cfg *Config) (*Listeners, error) {
 			*x.out = append(*x.out, t)
 		}
 	}
+	if cfg.Names.IsValid() {
+		t, err := transparentListener(namesListener)
+		if err != nil {
+			return fail(err)
+		}
+		l.Names = t
+		if l.ic, err = intercept(cfg.Names, addrPortOf(t.Addr())); err != nil {
+			return fail(err)
+		}
+	}
 	if cfg.Metrics.IsValid() {
 		t, err := net.Listen("tcp", cfg.Metrics.String())
 		if err != nil {
@@ -116,6 +142,10 @@ func (l *Listeners) Close() {
 	if l.Metrics != nil {
 		l.Metrics.Close()
 	}
+	if l.Names != nil {
+		l.Names.Close()
+	}
+	l.ic.Close()
 }
 
 // Options configure a Service.
@@ -323,6 +353,7 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 		UpstreamRoots:  rootsOr(r.roots, s.roots),
 		Report:         r.network.Mode == config.ModeReport,
 		MaxConnections: r.network.MaxConnections,
+		Names:          s.cfg.Names,
 		Trace:          true,
 	})
 	return t, nil
@@ -369,7 +400,18 @@ func (s *Service) Serve(ctx context.Context) error {
 		})
 	}
 	for _, t := range append(slices.Clone(s.l.HTTP), s.l.HTTPS...) {
-		run(func() { s.accept(ctx, t, func(c net.Conn, tn *tenant) { s.handleTCP(ctx, c, tn) }, "tcp") })
+		run(func() { s.accept(ctx, t, func(c net.Conn, tn *tenant) { s.handleTCP(ctx, c, tn, true) }, "tcp") })
+	}
+	if s.l.Names != nil {
+		run(func() {
+			s.accept(ctx, s.l.Names, func(c net.Conn, tn *tenant) {
+				if !s.cfg.Names.Contains(addrPortOf(c.LocalAddr()).Addr()) {
+					reset(c) // the listener's own address, dialed on the host
+					return
+				}
+				s.handleTCP(ctx, c, tn, false)
+			}, "tcp")
+		})
 	}
 	if s.l.Metrics != nil {
 		run(func() { s.serveMetrics(ctx, s.l.Metrics) })
@@ -386,8 +428,12 @@ func (s *Service) Serve(ctx context.Context) error {
 	return nil
 }
 
-// front is the address DNS answers with for queries that arrive at ap.
+// front is the address DNS answers with for queries that arrive at ap;
+// none with a names range, whose addresses the tenant's gate hands out.
 func (s *Service) front(ap netip.AddrPort) netip.Addr {
+	if s.cfg.Names.IsValid() {
+		return netip.Addr{}
+	}
 	if s.cfg.Answer.IsValid() {
 		return s.cfg.Answer
 	}
@@ -434,15 +480,18 @@ func (s *Service) accept(ctx context.Context, l net.Listener, handle func(net.Co
 	}
 }
 
-// handleTCP hands one connection to the tenant's gate, decided by its
-// name (TCPFlow.Named): the service's own address says nothing of where
-// the client meant to go.
-func (s *Service) handleTCP(ctx context.Context, c net.Conn, t *tenant) {
+// handleTCP hands one connection to the tenant's gate. On a listener of
+// the service's own (named), it is decided by the name it carries
+// (TCPFlow.Named): the service's address says nothing of where the client
+// meant to go. From the names range, it is decided as in a sandbox: by
+// the name the tenant's gate bound to the address the client dialed (on
+// 80 and 443 by Host and SNI).
+func (s *Service) handleTCP(ctx context.Context, c net.Conn, t *tenant, named bool) {
 	open := s.metrics.open.WithLabelValues(t.cfg.Name)
 	open.Inc()
 	defer open.Dec()
 	t.gate.HandleTCP(ctx, gate.TCPFlow{
-		Src: addrPortOf(c.RemoteAddr()), Dst: addrPortOf(c.LocalAddr()), Named: true,
+		Src: addrPortOf(c.RemoteAddr()), Dst: addrPortOf(c.LocalAddr()), Named: named,
 		Accept: func() (net.Conn, error) { return c, nil },
 		Refuse: func() { reset(c) },
 	})
@@ -613,6 +662,8 @@ func fixedChanged(a, b *Config) string {
 		return "service.ca_cert"
 	case a.Answer != b.Answer:
 		return "service.answer"
+	case a.Names != b.Names:
+		return "service.names"
 	case a.Audit != b.Audit:
 		return "service.audit"
 	case !slices.Equal(a.DNS, b.DNS) || !slices.Equal(a.HTTP, b.HTTP) || !slices.Equal(a.HTTPS, b.HTTPS) || a.Metrics != b.Metrics:
