@@ -344,8 +344,8 @@ func checkGateConfig(t *testing.T, c *cluster, d *appsv1.Deployment, ctr *corev1
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	i := slices.Index(ctr.Args, "--config")
-	if i < 0 || i+1 >= len(ctr.Args) || !slices.Equal(ctr.Args[:i], []string{"gate", "serve"}) {
-		t.Errorf("gate container args %q, want gate serve --config FILE", ctr.Args)
+	if i < 0 || i+1 >= len(ctr.Args) || !slices.Equal(ctr.Args[:i], []string{"serve"}) {
+		t.Errorf("gate container args %q, want serve --config FILE (the image's entry point is moat-gate)", ctr.Args)
 		return nil
 	}
 	cfgPath := ctr.Args[i+1]
