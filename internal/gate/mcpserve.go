@@ -173,7 +173,7 @@ func (g *Gate) mcpRefuseBody(w http.ResponseWriter, rs *reqState, status int, re
 	rec := g.mcpRecord(rs, mcpCall{Reason: reason})
 	rec.Verdict = audit.Deny
 	rec.Status = status
-	g.audit(rec)
+	g.auditMCP(rec)
 }
 
 // mcpRefuseCalls answers a body with refused calls: an error for each
@@ -189,7 +189,7 @@ func (g *Gate) mcpRefuseCalls(w http.ResponseWriter, rs *reqState, d *mcpBody) {
 		if c.Decided || !c.Allow {
 			rec := g.mcpRecord(rs, c)
 			rec.Verdict, rec.Status = audit.Deny, http.StatusOK
-			g.audit(rec)
+			g.auditMCP(rec)
 		}
 	}
 	switch {
@@ -246,7 +246,22 @@ func (g *Gate) mcpAudit(rs *reqState, start time.Time) {
 			rec.Verdict = audit.WouldDeny
 		}
 		rec.DurationMS = g.o.Now().Sub(start).Milliseconds()
+		g.auditMCP(rec)
+	}
+}
+
+// auditMCP writes a call's record. Refusals are counted but stay out of
+// the denials ledger: it lists destinations to allow, and the
+// destination is allowed; the agent got the refusal's reason and rule.
+func (g *Gate) auditMCP(rec audit.Record) {
+	if rec.Verdict == audit.Allow {
 		g.audit(rec)
+		return
+	}
+	g.denied.Add(1)
+	rec.Sandbox = g.o.Sandbox
+	if g.o.Audit != nil {
+		g.o.Audit.Write(rec)
 	}
 }
 

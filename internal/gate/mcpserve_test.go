@@ -341,3 +341,20 @@ func TestMCPDecidedUnderABareAllow(t *testing.T) {
 	}
 	f.done(t, f.c)
 }
+
+// Refused calls are audited but not listed as denied destinations: the
+// destination is allowed, and moat network allow would not help.
+func TestMCPRefusalsStayOutOfTheLedger(t *testing.T) {
+	f := newMCPFixture(t, testMCP)
+	f.post(t, "/mcp", call(1, "delete_repo"))
+	recs := f.done(t, f.c)
+	if got := mcpRecords(recs); len(got) != 1 || !strings.HasPrefix(got[0], "deny delete_repo") {
+		t.Errorf("records %q", got)
+	}
+	if e := f.ledger.Entries(); len(e) != 0 {
+		t.Errorf("ledger %+v", e)
+	}
+	if _, denied := f.g.Counts(); denied != 1 {
+		t.Errorf("denied count %d", denied)
+	}
+}
