@@ -7,8 +7,11 @@
 # HTTPS download (target >= 0.7x direct), added connect p50 (<= 0.3 ms),
 # PARALLEL connects at once (<= 2x direct, no SYN retransmits in the client
 # namespace), and small HTTPS requests through interception (requests/s,
-# p50, p95) against direct. Needs root; no gVisor, no sandbox. Talks only to
-# the network namespaces it creates (internal/gateserve's TestBenchService).
+# p50, p95) against direct; and a non-web port (an SSH-like server on 2222)
+# reached through the service's names range against direct: connect p50 and
+# first-byte p50. Needs root; no gVisor, no sandbox. Talks only to the network
+# namespaces it creates (internal/gateserve's TestBenchService and
+# TestBenchServiceNames).
 #   R=3 (rounds)  SIZE_MIB=256 (download)  CONNECTS=1000 (sequential, for p50)
 #   PARALLEL=1000  REQS=2000 (small requests)  CONC=8 (their connections)
 set -euo pipefail
@@ -17,8 +20,8 @@ export PATH=/usr/local/go/bin:$PATH MOAT_BENCH_GATESERVICE=1
 export R=${R:-3} SIZE_MIB=${SIZE_MIB:-256} CONNECTS=${CONNECTS:-1000} PARALLEL=${PARALLEL:-1000} REQS=${REQS:-2000} CONC=${CONC:-8}
 log=$(mktemp /tmp/moat-bench-gate-service-XXXX.log)
 trap 'rm -f "$log"' EXIT
-if ! go test -count=1 -timeout 20m -run '^TestBenchService$' -v ./internal/gateserve >"$log" 2>&1; then
+if ! go test -count=1 -timeout 20m -run '^TestBenchService(Names)?$' -v ./internal/gateserve >"$log" 2>&1; then
 	tail -40 "$log" >&2
 	exit 1
 fi
-sed -n 's/^ *bench_linux_test.go:[0-9]*: //p' "$log"
+sed -n 's/^ *bench[a-z_]*_linux_test.go:[0-9]*: //p' "$log"
