@@ -34,6 +34,7 @@ import (
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/netstack"
@@ -106,6 +107,7 @@ type daemon struct {
 	creds   *credentials   // the secrets, swapped whole when a preset adds some
 	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
 	sess    idleGate       // attached sessions, and the idle stop's word
+	text    *exemap.Text   // the binary's read-only mappings (pages.go); nil: none found
 	signs   signGrants     // keys a watcher let sign for this run
 	shimPID atomic.Int64
 	started time.Time
@@ -231,6 +233,7 @@ func (d *daemon) run() error {
 		d.log.Info("sandbox stopped", "reason", end.reason)
 	}()
 	undo[stepLock] = func() error { release(); return nil }
+	d.findText() // pages.go
 	undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
 	undo[stepTasks] = func() error {
 		d.cancel()
@@ -342,6 +345,7 @@ func (d *daemon) run() error {
 		d.o.Ready = nil
 	}
 	d.tasks.Go("elastic memory", func() { d.elastic(d.ctx) })
+	d.tasks.Go("handing the binary's pages back", func() { d.releaseText(d.ctx) })
 
 	select {
 	case <-shim.done:
@@ -766,7 +770,13 @@ func (d *daemon) handleSSH(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
-	defer d.sess.leave()
+	defer func() {
+		if d.sess.leave() == 0 {
+			// Nothing to do until the next session: what this one
+			// mapped of the binary goes back (pages.go).
+			d.text.Release()
+		}
+	}()
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + control.UpgradeProto + "\r\n\r\n")
 	brw.Flush()
 	d.proxy.Serve(control.Hijacked(conn, brw.Reader))

@@ -88,10 +88,12 @@ func (g *idleGate) enter() bool {
 	return true
 }
 
-func (g *idleGate) leave() {
+// leave counts a session's end and returns how many are still attached.
+func (g *idleGate) leave() int {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	g.sessions--
-	g.mu.Unlock()
+	return g.sessions
 }
 
 func (g *idleGate) count() int {

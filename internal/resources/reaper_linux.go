@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/state"
 )
 
@@ -195,6 +196,14 @@ func Reap(stateDir string, daemonPID int) int {
 		n, _ := pipe.Read(b)
 		dismissed <- n == 1 && b[0] == doneByte
 	}()
+	// Idle from here for as long as the daemon lives: what start-up
+	// mapped of the binary goes back to the page cache (internal/exemap),
+	// and the work after the daemon's death maps what it runs again.
+	if text, err := exemap.Find(); err != nil {
+		logf("%v; the reaper keeps its pages of the binary mapped", err)
+	} else {
+		text.Release()
+	}
 	for {
 		select {
 		case d := <-dismissed:

@@ -17,6 +17,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/userns"
@@ -160,6 +161,14 @@ func superviseRunsc(p *Plan, bundle string) error {
 	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || sandbox <= 0 {
 		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
+	}
+	// The shim waits from here until the sandbox exits: what setting it
+	// up mapped of the binary goes back to the page cache
+	// (internal/exemap).
+	if text, err := exemap.Find(); err != nil {
+		fmt.Fprintf(os.Stderr, "moat shim: %v; keeping its pages of the binary mapped\n", err)
+	} else {
+		text.Release()
 	}
 	words := readWords()
 	checkpointed, released := false, false
