@@ -74,8 +74,8 @@ func TestDockerSandbox(t *testing.T) {
 		gateIP = netip.MustParseAddr(g.NetworkSettings.Networks[intNet].IPAddress)
 		// The gate is moat-gate, the service's own binary: the moat
 		// binary, without the service, is not in its image.
-		if got := append(slices.Clone(g.Config.Entrypoint), g.Config.Cmd...); len(got) < 2 || got[0] != "/moat-gate" || got[1] != "serve" {
-			t.Errorf("gate runs %q, want /moat-gate serve --config ...", got)
+		if got := append(slices.Clone(g.Config.Entrypoint), g.Config.Cmd...); len(got) < 2 || got[0] != "/bin/moat-gate" || got[1] != "serve" {
+			t.Errorf("gate runs %q, want /bin/moat-gate serve --config ...", got)
 		}
 		w, err := s.dc.ContainerInspect(ctx, workName)
 		if err != nil {

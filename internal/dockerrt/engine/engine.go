@@ -114,10 +114,10 @@ func (e *Conn) ResolveImage(ctx context.Context, ref string) (string, error) {
 	return img.ID, nil
 }
 
-// GateImage builds, once per moat-gate binary, the gate's image: FROM
-// scratch, the (static) moat-gate binary as its entry point and the
-// host's CA bundle, which the gate verifies upstreams with. No registry is
-// involved. It returns the image's id.
+// GateImage builds, once per moat-gate binary and CA bundle, the gate's
+// image: FROM scratch, the (static) moat-gate binary as its entry point
+// and the host's CA bundle, which the gate verifies upstreams with. No
+// registry is involved. It returns the image's id.
 //
 // The image holds moat-gate, not moat: the gate service is a binary of its
 // own (cmd/moat-gate), and the workload's moat (its init) comes from the
@@ -127,11 +127,21 @@ func (e *Conn) GateImage(ctx context.Context, gate, caBundle string) (string, er
 	if err != nil {
 		return "", fmt.Errorf("reading moat-gate for the gate's image (build it next to moat with: sudo scripts/setup.sh): %w", err)
 	}
-	// The layout is in the sum too: an image of an older moat, whose
-	// entry point was moat itself, is never taken for this one.
+	// In /bin: /moat-gate is where the sandbox's gate/ is mounted.
+	dockerfile := "FROM scratch\nCOPY moat-gate /bin/moat-gate\nCOPY tmp /tmp\n"
+	ca, err := os.ReadFile(caBundle)
+	if err == nil {
+		dockerfile += "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
+	}
+	dockerfile += "ENTRYPOINT [\"/bin/moat-gate\"]\n"
+	// The tag is the sum of everything in the image, the Dockerfile
+	// included: an image of another layout (an older moat's, whose entry
+	// point was moat itself) is never taken for this one.
 	h := sha256.New()
-	h.Write([]byte("moat-gate\x00"))
-	h.Write(bin)
+	for _, part := range [][]byte{[]byte(dockerfile), bin, ca} {
+		fmt.Fprintf(h, "%d:", len(part))
+		h.Write(part)
+	}
 	tag := "moat-gate:" + hex.EncodeToString(h.Sum(nil)[:8])
 	if id, err := e.ResolveImage(ctx, tag); err == nil {
 		return id, nil
@@ -150,14 +160,11 @@ func (e *Conn) GateImage(ctx context.Context, gate, caBundle string) (string, er
 	if err := tw.WriteHeader(&tar.Header{Name: "tmp/", Typeflag: tar.TypeDir, Mode: 0o755, ModTime: time.Unix(0, 0)}); err != nil {
 		return "", err
 	}
-	dockerfile := "FROM scratch\nCOPY moat-gate /moat-gate\nCOPY tmp /tmp\n"
-	if ca, err := os.ReadFile(caBundle); err == nil {
+	if ca != nil {
 		if err := add("ca-certificates.crt", 0o644, ca); err != nil {
 			return "", err
 		}
-		dockerfile += "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt\n"
 	}
-	dockerfile += "ENTRYPOINT [\"/moat-gate\"]\n"
 	if err := add("moat-gate", 0o755, bin); err != nil {
 		return "", err
 	}
