@@ -346,7 +346,7 @@ workspace is your own directory and is never touched.`,
 }
 
 func newDestroyCmd() *cobra.Command {
-	var yes bool
+	var yes, force bool
 	c := &cobra.Command{
 		Use:   "destroy [NAME]",
 		Short: "Stop a sandbox and delete it with its writable layer",
@@ -360,11 +360,18 @@ terminal moat asks first; elsewhere --yes is required.`,
 			if err != nil {
 				return err
 			}
-			dir, rec, err := e.resolve(args)
+			tk, err := e.ticketDestroy(args, force) // a ticket's worktrees (ticket.go)
 			if err != nil {
 				return err
 			}
-			if !yes {
+			dir, rec, err := e.resolve(args)
+			if err != nil && tk != nil && exitCode(err) == ExitNotFound {
+				return tk.remove() // a ticket whose sandbox is gone already
+			}
+			if err != nil {
+				return err
+			}
+			if !yes && !force {
 				if !term.IsTerminal(int(os.Stdin.Fd())) {
 					return codef(ExitUsage, "destroy deletes sandbox %q and its files; confirm with: moat destroy %s --yes", rec.Name, rec.Name)
 				}
@@ -392,10 +399,11 @@ terminal moat asks first; elsewhere --yes is required.`,
 				return fmt.Errorf("removing %s: %w", dir, err)
 			}
 			fmt.Fprintf(os.Stderr, "moat: destroyed %s\n", rec.Name)
-			return nil
+			return tk.remove()
 		},
 	}
 	c.Flags().BoolVarP(&yes, "yes", "y", false, "do not ask")
+	c.Flags().BoolVar(&force, "force", false, "a ticket's sandbox: remove its worktrees even with uncommitted or unpushed work (implies --yes)")
 	return c
 }
 
@@ -545,7 +553,7 @@ gate's mode and its audit, warnings about its policy, and files the host runs
 			}
 			out := c.OutOrStdout()
 			if asJSON {
-				return json.NewEncoder(out).Encode(le)
+				return json.NewEncoder(out).Encode(e.withTicket(le))
 			}
 			fmt.Fprintf(out, "name:       %s\nstate:      %s\nimage:      %s\nworkspace:  %s\nsessions:   %d\ndenials:    %d (see: moat network denials %s)\n",
 				le.Name, stateText(le), le.Image, le.Workspace, le.Sessions, le.Denials, le.Name)
@@ -568,6 +576,7 @@ gate's mode and its audit, warnings about its policy, and files the host runs
 			if le.Error != "" {
 				fmt.Fprintf(out, "last error: %s\n", le.Error)
 			}
+			e.printTicketStatus(out, le.Name)
 			return nil
 		},
 	}

@@ -146,6 +146,11 @@ func daemonOptions(dir string, log *slog.Logger, logOut io.Writer) (daemon.Optio
 	for _, s := range cfg.Shares {
 		plan.Shares = append(plan.Shares, runtime.Share{Source: s.Path, Target: s.Target, RW: s.RW})
 	}
+	tickets, err := ticketShares(e.dirs, rec.Workspace) // a ticket's git mounts (ticket.go)
+	if err != nil {
+		return none, err
+	}
+	plan.Shares = append(plan.Shares, tickets...)
 	var imageEnv []string
 	if rec.Image != "host" {
 		store, err := e.images()

@@ -168,6 +168,7 @@ Start here:
 	root.AddCommand(newForwardCmd())
 	root.AddCommand(newSSHConfigCmd(), newSSHProxyCmd())
 	root.AddCommand(newGateCmd())
+	root.AddCommand(ticketCommands()...)
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",

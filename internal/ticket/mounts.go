@@ -82,6 +82,9 @@ func (w *Worktree) prepare() error {
 		}
 	}
 	p := filepath.Join(w.Admin, "config.worktree")
+	if exists(p) {
+		return nil
+	}
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return fmt.Errorf("creating %s: %w", p, err)

@@ -193,8 +193,8 @@ type Status struct {
 const PRCacheFor = 60 * time.Second
 
 type prCache struct {
-	Fetched time.Time      `json:"fetched"`
-	PRs     map[string]*PR `json:"prs"` // by repo; nil: none
+	Fetched time.Time         `json:"fetched"`
+	PRs     map[string]*PR    `json:"prs"` // by repo; nil: none
 	Errs    map[string]string `json:"errs,omitempty"`
 }
 

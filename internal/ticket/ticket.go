@@ -29,6 +29,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"sort"
 	"time"
@@ -83,7 +84,7 @@ type Store struct {
 // NewStore is the store for moat's state directory stateDir: records in
 // stateDir/tickets, worktrees in $MOAT_HOME/tickets when MOAT_HOME is set,
 // else in the XDG data directory ($XDG_DATA_HOME/moat/tickets,
-// ~/.local/share/moat/tickets).
+// ~/.local/share/moat/tickets, the home being the sudo user's under sudo).
 func NewStore(stateDir string) (Store, error) {
 	s := Store{State: filepath.Join(stateDir, "tickets")}
 	switch h, xdg := os.Getenv("MOAT_HOME"), os.Getenv("XDG_DATA_HOME"); {
@@ -100,9 +101,27 @@ func NewStore(stateDir string) (Store, error) {
 		if err != nil {
 			return s, fmt.Errorf("finding home directory (set MOAT_HOME instead): %w", err)
 		}
+		if h := sudoHome(); h != "" {
+			home = h
+		}
 		s.Work = filepath.Join(home, ".local", "share", "moat", "tickets")
 	}
 	return s, nil
+}
+
+// sudoHome is the home of the user who ran moat through sudo, or "": the
+// worktrees are that user's, and the git moat runs as that user must
+// reach them (root's home is closed to it).
+func sudoHome() string {
+	uid := os.Getenv("SUDO_UID")
+	if os.Geteuid() != 0 || uid == "" || uid == "0" {
+		return ""
+	}
+	u, err := user.LookupId(uid)
+	if err != nil {
+		return ""
+	}
+	return u.HomeDir
 }
 
 // Workspace is the directory holding a ticket's worktrees: the sandbox's

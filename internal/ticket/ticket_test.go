@@ -433,4 +433,3 @@ func TestValidName(t *testing.T) {
 		t.Error(err)
 	}
 }
-
