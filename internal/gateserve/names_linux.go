@@ -39,13 +39,41 @@ import (
 // (NFT_TABLE_F_OWNER, Linux 5.12): it goes when the service's process
 // does, however it ends. On older kernels it is an ordinary table, which
 // the unjailed parent removes when the service stops (removeInterception).
+//
+// A range is claimed first with an abstract unix socket named after it:
+// abstract names belong to the network namespace and are released when
+// their process dies, so the claim says whether a live service has the
+// range. A second service given the same range stops at start instead of
+// taking the first one's table, and a parent cleaning up after its child
+// leaves alone a route that another service holds.
 
-// interception is the names range's route and nftables table.
+// interception is the names range's claim, route and nftables table.
 type interception struct {
 	prefix netip.Prefix
 	table  string
+	claim  int // the range's abstract socket; -1 once released
 	fd     int // the nftables socket that owns the table; -1 once closed
 	owned  bool
+}
+
+// errRangeTaken: another live process in this network namespace holds
+// the range.
+var errRangeTaken = errors.New("another gate service in this network namespace serves this names range")
+
+// claimRange binds the range's abstract unix socket.
+func claimRange(p netip.Prefix) (int, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("claiming names %s: %w", p, err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrUnix{Name: "@moat-gate-names/" + p.String()}); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EADDRINUSE) {
+			return -1, fmt.Errorf("names %s: %w; give each service its own range", p, errRangeTaken)
+		}
+		return -1, fmt.Errorf("claiming names %s: %w", p, err)
+	}
+	return fd, nil
 }
 
 // tableName is the nftables table for a range: one per range, so two
@@ -59,15 +87,21 @@ func tableName(p netip.Prefix) string {
 // to the transparent listener at to. A table left by a service that
 // stopped without removing it is replaced.
 func intercept(prefix netip.Prefix, to netip.AddrPort) (*interception, error) {
+	claim, err := claimRange(prefix)
+	if err != nil {
+		return nil, err
+	}
 	if err := addLocalRoute(prefix); err != nil {
+		unix.Close(claim)
 		return nil, err
 	}
 	fd, err := nftSocket()
 	if err != nil {
 		delLocalRoute(prefix)
+		unix.Close(claim)
 		return nil, err
 	}
-	ic := &interception{prefix: prefix, table: tableName(prefix), fd: fd}
+	ic := &interception{prefix: prefix, table: tableName(prefix), claim: claim, fd: fd}
 	fail := func(err error) (*interception, error) {
 		ic.Close()
 		return nil, err
@@ -105,13 +139,23 @@ func (ic *interception) Close() error {
 	unix.Close(ic.fd)
 	ic.fd = -1
 	delLocalRoute(ic.prefix)
+	unix.Close(ic.claim)
+	ic.claim = -1
 	return nil
 }
 
 // removeInterception removes what intercept set up for prefix, for the
 // unjailed parent once the service stopped: whatever is already gone is
-// no error.
+// no error, and a range another live service holds is left alone.
 func removeInterception(prefix netip.Prefix) error {
+	claim, err := claimRange(prefix)
+	if errors.Is(err, errRangeTaken) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer unix.Close(claim)
 	var errs []error
 	if fd, err := nftSocket(); err == nil {
 		if err := nftBatch(fd, delTableMsg(tableName(prefix))); err != nil && !errors.Is(err, unix.ENOENT) {

@@ -200,6 +200,18 @@ func TestServiceNames(t *testing.T) {
 		if err := delTable(f.cfg.Names); !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EBUSY) {
 			t.Errorf("another socket deleting the table: %v, want EPERM", err)
 		}
+		// A second service given the range stops at start, and a parent
+		// cleaning up after its own child leaves the range alone.
+		if ic, err := intercept(f.cfg.Names, netip.MustParseAddrPort("127.0.0.1:9")); !errors.Is(err, errRangeTaken) {
+			ic.Close()
+			t.Errorf("a second interception of %s: %v, want errRangeTaken", f.cfg.Names, err)
+		}
+		if err := removeInterception(f.cfg.Names); err != nil {
+			t.Errorf("removeInterception while the service runs: %v", err)
+		}
+		if out, _ := exec.Command("ip", "route", "show", "table", "local", f.cfg.Names.String()).Output(); len(strings.TrimSpace(string(out))) == 0 {
+			t.Errorf("the running service's local route for %s was removed", f.cfg.Names)
+		}
 	})
 
 	db := f.resolveFrom(t, alpha, "db.test")
