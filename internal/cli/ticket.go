@@ -43,7 +43,7 @@ func (e *env) loadTicket(name string) (ticket.Store, *ticket.Ticket, error) {
 }
 
 func newWorkCmd() *cobra.Command {
-	var repos []string
+	var repos string
 	c := &cobra.Command{
 		Use:   "work TICKET",
 		Short: "Open a ticket: a worktree per repository, all in one sandbox",
@@ -58,18 +58,21 @@ ticket's sandbox, or to add repositories with --repos.
 A ticket's name is its branch's and its sandbox's: lower-case letters, digits
 and "-". See docs/tickets.md.`,
 		Example: `  moat work fix-login
-  moat work fix-login --repos api,web
-  moat shell fix-login`,
+  moat work fix-login --repos api,web`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
 			e, err := newEnv()
 			if err != nil {
 				return err
 			}
-			return e.work(c.OutOrStdout(), args[0], repos)
+			var only []string
+			if repos != "" {
+				only = strings.Split(repos, ",")
+			}
+			return e.work(c.OutOrStdout(), args[0], only)
 		},
 	}
-	c.Flags().StringSliceVar(&repos, "repos", nil, "only these repositories of the workspace, by name (comma-separated)")
+	c.Flags().StringVar(&repos, "repos", "", "only these repositories of the workspace, by name (comma-separated)")
 	return c
 }
 
