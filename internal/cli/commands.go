@@ -352,7 +352,9 @@ func newDestroyCmd() *cobra.Command {
 		Short: "Stop a sandbox and delete it with its writable layer",
 		Long: `Stop a sandbox and delete it: its writable layer, its disk image, its audit
 log, keys and record. The workspace is your own directory and is kept. On a
-terminal moat asks first; elsewhere --yes is required.`,
+terminal moat asks first; elsewhere --yes is required. A ticket's sandbox (moat
+work) is refused while a worktree has uncommitted or unpushed work; --force
+destroys it and removes the worktrees, keeping their branches.`,
 		Example: `  moat destroy api --yes`,
 		Args:    cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -529,7 +531,9 @@ func newStatusCmd() *cobra.Command {
 		Long: `Show one sandbox (NAME, else the current directory's): state and last error,
 platform, resources and pressure, disk, network traffic and idleness, the
 gate's mode and its audit, warnings about its policy, and files the host runs
-(git hooks, editor tasks) the guest changed since the sandbox was made.`,
+(git hooks, editor tasks) the guest changed since the sandbox was made. A
+ticket's sandbox (moat work) adds each repository's branch, commits ahead and
+behind, uncommitted files and pull request.`,
 		Example: `  moat status
   moat status api --json`,
 		Args: cobra.MaximumNArgs(1),
