@@ -288,6 +288,12 @@ func (e *env) printTicketStatus(out io.Writer, name string) {
 // name is not a ticket's. A ticket with uncommitted changes or unpushed
 // commits is refused, listing them, unless force.
 func (e *env) ticketDestroy(args []string, force bool) (*ticketRemoval, error) {
+	if len(args) == 0 {
+		// moat destroy in the ticket's workspace: its sandbox's name.
+		if _, rec, err := e.resolve(nil); err == nil {
+			args = []string{rec.Name}
+		}
+	}
 	if len(args) != 1 {
 		return nil, nil
 	}

@@ -65,10 +65,11 @@ func (t *Ticket) Mounts() ([]Mount, error) {
 // prepare makes what Mounts needs to exist, owned like the directory it
 // is in.
 func (w *Worktree) prepare() error {
+	name := filepath.Base(filepath.Dir(w.Path))
 	for _, d := range []string{w.Common, w.Admin} {
 		st, err := os.Stat(d)
 		if err != nil || !st.IsDir() {
-			return fmt.Errorf("the worktree of %s in ticket %s lost %s; remove it with: moat destroy TICKET --force", w.Repo, filepath.Base(filepath.Dir(w.Path)), d)
+			return fmt.Errorf("the worktree of %s in ticket %s lost %s; remove the ticket with: moat destroy %s --force", w.Repo, name, d, name)
 		}
 	}
 	for _, d := range []string{filepath.Join(w.Common, "logs"), filepath.Join(w.Common, "objects", "info")} {
@@ -78,7 +79,7 @@ func (w *Worktree) prepare() error {
 	}
 	for _, f := range []string{"commondir", "gitdir"} {
 		if !exists(filepath.Join(w.Admin, f)) {
-			return fmt.Errorf("the worktree of %s lost %s; remove it with: moat destroy TICKET --force", w.Repo, filepath.Join(w.Admin, f))
+			return fmt.Errorf("the worktree of %s in ticket %s lost %s; remove the ticket with: moat destroy %s --force", w.Repo, name, filepath.Join(w.Admin, f), name)
 		}
 	}
 	p := filepath.Join(w.Admin, "config.worktree")
