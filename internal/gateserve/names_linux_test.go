@@ -420,7 +420,10 @@ policy = [%[6]q]
 	stop := func() {
 		cmd.Process.Signal(unix.SIGTERM)
 		select {
-		case <-exited:
+		case err := <-exited:
+			if err != nil {
+				t.Errorf("moat gate serve stopped with %v, want a clean exit", err)
+			}
 		case <-time.After(10 * time.Second):
 			cmd.Process.Kill()
 			<-exited
