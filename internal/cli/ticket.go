@@ -100,12 +100,22 @@ func (e *env) work(out io.Writer, name string, only []string) error {
 		}
 		paths = r.Paths
 	}
+	had := map[string]bool{}
+	if old, err := s.Load(name); err == nil {
+		for _, w := range old.Worktrees {
+			had[w.Repo] = true
+		}
+	}
 	t, err := s.Open(name, names, paths, os.Stderr)
 	if err != nil {
 		return err
 	}
 	ws := s.Workspace(name)
 	dir, rec, err := e.byName(name)
+	if err == nil && rec.State == state.StateRunning && len(t.Worktrees) > len(had) {
+		// The new worktrees' git data is mounted at the next start.
+		fmt.Fprintf(os.Stderr, "moat: restart the sandbox to use the new repositories' git: moat down %s && moat work %s\n", name, name)
+	}
 	switch {
 	case exitCode(err) == ExitNotFound:
 		if dir, rec, err = e.create(ws, name); err != nil {

@@ -84,12 +84,18 @@ func (h host) run(name string, args ...string) (string, error) {
 		if errors.As(err, &ee) {
 			return strings.TrimSpace(out.String()), &cmdError{cmd: name + " " + strings.Join(args, " "), dir: h.dir, msg: msg, code: ee.ExitCode()}
 		}
+		if name == "gh" && errors.Is(err, exec.ErrNotFound) {
+			return "", fmt.Errorf("%w: gh, GitHub's command line, is not on PATH; install it and log in (gh auth login) for pull requests", ErrNoGH)
+		}
 		return "", fmt.Errorf("running %s in %s: %w", name, h.dir, err)
 	}
 	return strings.TrimSpace(out.String()), nil
 }
 
 func (h host) git(args ...string) (string, error) { return h.run("git", args...) }
+
+// ErrNoGH is returned when gh is not installed.
+var ErrNoGH = errors.New("no gh")
 
 // cmdError is a command that ran and failed.
 type cmdError struct {

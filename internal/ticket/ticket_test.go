@@ -1,7 +1,10 @@
 package ticket
 
 import (
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -431,5 +434,31 @@ func TestValidName(t *testing.T) {
 	}
 	if err := ValidName("proj-123"); err != nil {
 		t.Error(err)
+	}
+}
+
+func TestStatusWithoutGH(t *testing.T) {
+	f := newFixture(t)
+	tk := f.open(t, "t1")
+	real, err := exec.LookPath("git")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := t.TempDir()
+	if err := os.Symlink(real, filepath.Join(bin, "git")); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", bin) // git, and no gh
+	for _, st := range f.store.Status(tk, time.Now()) {
+		if st.PR != nil || !strings.Contains(st.PRError, "gh auth login") || st.Err != "" {
+			t.Errorf("%s without gh: %+v; want the pull request unknown, saying how to get gh", st.Repo, st)
+		}
+	}
+	if _, err := f.store.PR(tk, io.Discard); err != nil {
+		t.Errorf("moat pr without gh and without commits: %v; want nothing to do", err)
+	}
+	commit(t, tk.Worktree("api").Path, "a.txt", "change")
+	if _, err := f.store.PR(tk, io.Discard); !errors.Is(err, ErrNoGH) {
+		t.Errorf("moat pr without gh: %v; want ErrNoGH", err)
 	}
 }
