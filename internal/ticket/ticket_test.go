@@ -462,3 +462,52 @@ func TestStatusWithoutGH(t *testing.T) {
 		t.Errorf("moat pr without gh: %v; want ErrNoGH", err)
 	}
 }
+
+// TestHostIgnoresPlantedGitDir: the guest can rewrite a worktree's .git
+// file to name a git directory of its own, whose config runs a command
+// (core.fsmonitor, core.hooksPath). Nothing moat runs on the host may
+// use it: status, pr, rebase and destroy go through the main repository
+// or the admin directory recorded before any guest ran.
+func TestHostIgnoresPlantedGitDir(t *testing.T) {
+	f := newFixture(t)
+	tk := f.open(t, "t1")
+	api := tk.Worktree("api")
+	commit(t, api.Path, "a.txt", "change")
+	marker := filepath.Join(t.TempDir(), "pwned")
+	evil := filepath.Join(t.TempDir(), "evil.git")
+	git(t, filepath.Dir(evil), "init", "-q", "--bare", evil)
+	hooks := filepath.Join(evil, "hooks")
+	for _, h := range []string{"pre-push", "post-checkout", "pre-rebase", "post-rewrite", "reference-transaction"} {
+		write(t, filepath.Join(hooks, h), "#!/bin/sh\ntouch "+marker+"\n")
+		if err := os.Chmod(filepath.Join(hooks, h), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(t, filepath.Join(evil, "config"), "[core]\n\tfsmonitor = touch "+marker+"\n\thooksPath = "+hooks+"\n\tbare = false\n")
+	for _, w := range tk.Worktrees {
+		write(t, filepath.Join(w.Path, ".git"), "gitdir: "+evil+"\n")
+	}
+	pwned := func(step string) {
+		t.Helper()
+		if _, err := os.Stat(marker); err == nil {
+			t.Fatalf("%s ran the guest's command", step)
+		}
+	}
+	f.store.Status(tk, time.Now())
+	pwned("status")
+	tk.Problems()
+	pwned("the destroy check")
+	if _, err := f.store.PR(tk, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pwned("pr")
+	_ = f.store.Rebase(tk, "", io.Discard)
+	pwned("rebase")
+	if err := f.store.Remove(tk, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	pwned("destroy")
+	if got := git(t, api.Main, "worktree", "list"); strings.Contains(got, "\n") {
+		t.Errorf("worktrees left after destroy: %q", got)
+	}
+}
