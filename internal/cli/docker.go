@@ -62,10 +62,11 @@ func dockerHelper() (dockerrt.Helper, error) {
 }
 
 // fromHelper gives moat-docker's errors moat's exit codes: an engine moat
-// cannot reach or use is the host's, a missing image is not found.
+// cannot reach or use (moat-docker's one class for ErrUnreachable and
+// ErrNotLocal) is the host's, a missing image is not found.
 func fromHelper(err error) error {
 	switch {
-	case errors.Is(err, dockerrt.ErrUnreachable), errors.Is(err, dockerrt.ErrNotLocal):
+	case errors.Is(err, dockerrt.ErrUnreachable):
 		return withCode(ExitHost, err)
 	case errors.Is(err, dockerrt.ErrNoImage):
 		return withCode(ExitNotFound, err)

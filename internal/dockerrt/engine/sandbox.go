@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -42,6 +43,9 @@ const agentWait = 30 * time.Second
 // Up starts the sandbox's containers unless both run, and returns its
 // record when the guest agent accepts connections.
 func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, error) {
+	if o.Warn == nil {
+		o.Warn = io.Discard
+	}
 	r, err := dockerrt.Load(o.Dir)
 	if err != nil {
 		return nil, err
