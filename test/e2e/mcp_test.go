@@ -5,12 +5,16 @@ package e2e
 // a client in the guest built from the same SDK, through the real gate of a real sandbox.
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/test/inet"
 )
 
@@ -45,7 +50,8 @@ tools = ["search_*", "read_file", "!delete_*"]
 type mcpServerLog struct {
 	mu    sync.Mutex
 	ran   []string
-	auths []bool // per HTTP request: Authorization was "Bearer " + the real value
+	auths []bool   // per HTTP request: Authorization was "Bearer " + the real value
+	reqs  []string // per HTTP request: its method and the JSON-RPC methods in its body
 }
 
 func (l *mcpServerLog) add(tool string) {
@@ -75,8 +81,16 @@ func newMCPServer(value string, log *mcpServerLog) http.Handler {
 	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		methods := regexp.MustCompile(`"method":"([^"]+)"`).FindAllStringSubmatch(string(body), -1)
+		desc := r.Method
+		for _, m := range methods {
+			desc += " " + m[1]
+		}
 		log.mu.Lock()
 		log.auths = append(log.auths, r.Header.Get("Authorization") == "Bearer "+value)
+		log.reqs = append(log.reqs, desc)
 		log.mu.Unlock()
 		h.ServeHTTP(w, r)
 	})
@@ -169,4 +183,126 @@ func TestMCP(t *testing.T) {
 	if strings.Join(calls, "\n") != strings.Join(want, "\n") {
 		t.Errorf("mcp audit records:\n%s\nwant:\n%s", strings.Join(calls, "\n"), strings.Join(want, "\n"))
 	}
+}
+
+// TestMCPClaude: the real Claude Code, installed from its npm package and started by
+// `moat run claude` against the stand-in model API, gets the declared server in its own
+// configuration with the placeholder, connects to it through the gate (the server sees the real
+// value), and offers the model only the tools the rules allow.
+func TestMCPClaude(t *testing.T) {
+	reg := npmRegistry(t)
+	name := "mcp-claude-e2e"
+	dir := project(t, name)
+	state := filepath.Join(moatHome, "state", "sandboxes", name)
+	u, _ := url.Parse(reg)
+	toml := fmt.Sprintf("[network]\nallow = [%q]\n", u.Hostname())
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The install first, with the host's DNS, before the test internet exists (as TestAgents).
+	start := time.Now()
+	r := moatWithin(t, dir, 15*time.Minute, "run", "--", "sudo", "-n", "npm", "install", "-g", "--no-fund", "--no-audit", "--registry", reg, claudePackage)
+	if r.code != 0 {
+		t.Fatalf("npm install -g %s through the gate: exit %d\nstdout: %s\nstderr: %s", claudePackage, r.code, tail(r.stdout, 30), tail(r.stderr, 30))
+	}
+	t.Logf("npm install -g %s through the gate: %v", claudePackage, time.Since(start).Round(time.Second))
+	if r := moat(t, dir, nil, "down"); r.code != 0 {
+		t.Fatalf("moat down: exit %d\n%s", r.code, r.stderr)
+	}
+
+	n := inet.Start(t)
+	p, _ := preset.Lookup("claude")
+	var bodies modelBodies
+	n.HTTPS(t, standinIP, 443, p.Hosts, bodies.wrap(inet.ModelAPI("standin-answer")))
+	for _, h := range p.Hosts {
+		n.SetA(h, standinIP)
+	}
+	value := "mv" + randHex(t, 20)
+	log := &mcpServerLog{}
+	n.HTTPS(t, mcpIP, 443, []string{"mcp.test"}, newMCPServer(value, log))
+	n.SetA("mcp.test", mcpIP)
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, n.CA().PEM, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	toml += fmt.Sprintf("trust = [%q]\n", ca) + mcpToml[strings.Index(mcpToml, "[secrets."):] +
+		// A one-turn -p run asks the model before a server still connecting is ready (the
+		// default), and with tool search the model is offered a search tool, not the MCP tools:
+		// both off, so the first request lists the tools Claude Code got.
+		"\n[env]\nMCP_CONNECTION_NONBLOCKING = \"false\"\nENABLE_TOOL_SEARCH = \"false\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"MOAT_UPSTREAM_DNS=" + upstreamDNS, "MOAT_TEST_MCP=" + value, "ANTHROPIC_API_KEY=sk-ant-canary-" + randHex(t, 20)}
+	if r := moat(t, dir, env, "up", "--reconfigure", "--trust-project"); r.code != 0 {
+		t.Fatalf("moat up --reconfigure: exit %d\n%s", r.code, r.stderr)
+	}
+	r = moat(t, dir, env, "run", "claude", "--", "-p", "say hello")
+	if r.code != 0 || !strings.Contains(r.stdout, "standin-answer") {
+		t.Fatalf("moat run claude -- -p: exit %d\nstdout: %s\nstderr: %s\n%s", r.code, tail(r.stdout, 20), tail(r.stderr, 20),
+			tail(readFile(filepath.Join(state, "daemon.log")), 20))
+	}
+	cfg := moat(t, dir, env, "run", "--", "sh", "-c", "cat ~/.claude.json")
+	if !strings.Contains(cfg.stdout, `"url": "https://mcp.test/mcp"`) || !strings.Contains(cfg.stdout, `"Authorization": "Bearer moat-ph-`) ||
+		strings.Contains(cfg.stdout, value) {
+		t.Errorf("~/.claude.json in the guest:\n%s", cfg.stdout)
+	}
+	_, auths := log.snapshot()
+	if len(auths) == 0 {
+		t.Error("Claude Code never reached the MCP server")
+	}
+	for i, ok := range auths {
+		if !ok {
+			t.Errorf("request %d reached the MCP server without the real credential", i)
+		}
+	}
+	offered := bodies.all()
+	if !strings.Contains(offered, "mcp__tools__read_file") || !strings.Contains(offered, "mcp__tools__search_code") ||
+		strings.Contains(offered, "delete_repo") {
+		log.mu.Lock()
+		reqs := log.reqs
+		log.mu.Unlock()
+		t.Errorf("the tools Claude Code offered the model are not the allowed ones (read_file and search_code only): %q\n"+
+			"requests to the MCP server: %q\nclaude's MCP lines: %s", regexp.MustCompile(`mcp__[A-Za-z0-9_]+|delete_repo`).FindAllString(offered, -1), reqs, mcpLines(r.stdout+r.stderr))
+	}
+}
+
+// modelBodies keeps the bodies of the requests to the stand-in model API: the tools an agent
+// offers the model are in them.
+type modelBodies struct {
+	mu sync.Mutex
+	b  []string
+}
+
+func (m *modelBodies) wrap(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(io.LimitReader(r.Body, 8<<20))
+		m.mu.Lock()
+		m.b = append(m.b, string(b))
+		m.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (m *modelBodies) all() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return strings.Join(m.b, "\n")
+}
+
+func readFile(p string) string {
+	b, _ := os.ReadFile(p)
+	return string(b)
+}
+
+// mcpLines are the lines of an agent's debug output about MCP, for a failure's message.
+func mcpLines(s string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(strings.ToLower(l), "mcp") {
+			out = append(out, gateClip(l, 400))
+		}
+	}
+	return tail(strings.Join(out, "\n"), 40)
 }
