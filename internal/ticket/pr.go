@@ -116,12 +116,8 @@ func (w *Worktree) pushAndOpen(t *Ticket, r *PRResult, progress io.Writer) error
 	if d, err := w.Dirty(); err == nil && len(d) > 0 {
 		fmt.Fprintf(progress, "moat: %s has %d uncommitted changes, which the pull request leaves out\n", w.Repo, len(d))
 	}
-	// The main repository's git, config and credentials: never the
-	// worktree's .git file, which the guest can rewrite. The lease
-	// refuses to overwrite a remote branch someone else moved.
-	ref := "refs/heads/" + w.Branch
-	if _, err := h.git("push", "--quiet", "--force-with-lease", w.Remote, ref+":"+ref); err != nil {
-		return fmt.Errorf("pushing %s: %w", w.Branch, err)
+	if err := w.push(h); err != nil {
+		return err
 	}
 	open, err := listPRs(h, w.Branch, "")
 	if err != nil {
@@ -148,6 +144,46 @@ func (w *Worktree) pushAndOpen(t *Ticket, r *PRResult, progress io.Writer) error
 	}
 	r.PR, r.Created = PR{URL: url, Number: n, State: "OPEN"}, true
 	w.PRURL, w.PRBody = url, prBody(t, w, nil)
+	return nil
+}
+
+// ErrMoved is a remote branch with commits moat did not push.
+var ErrMoved = errors.New("the remote branch has commits moat did not push")
+
+// push pushes w's branch with the main repository's git, config and
+// credentials, never through the worktree's .git file, which the guest
+// can rewrite. It overwrites the remote branch (a rebase rewrites it)
+// only when the remote still has what moat pushed last, or less: commits
+// someone else added there (a suggestion accepted on the pull request)
+// are refused rather than lost. The lease makes the same check atomic
+// with the push.
+func (w *Worktree) push(h host) error {
+	ref := "refs/heads/" + w.Branch
+	remoteRef := "refs/remotes/" + w.Remote + "/" + w.Branch
+	seen := ""
+	if h.refExists(remoteRef) {
+		var err error
+		if seen, err = h.git("rev-parse", remoteRef); err != nil {
+			return err
+		}
+	}
+	if seen != "" && seen != w.Pushed {
+		if _, err := h.git("merge-base", "--is-ancestor", seen, ref); err != nil {
+			if !exitedWith(err, 1) {
+				return err
+			}
+			return fmt.Errorf("%w: %s/%s is at %.12s; bring it in, in the sandbox: git merge %s/%s (moat pr fetched it), then run moat pr again",
+				ErrMoved, w.Remote, w.Branch, seen, w.Remote, w.Branch)
+		}
+	}
+	if _, err := h.git("push", "--quiet", "--force-with-lease="+ref+":"+seen, w.Remote, ref+":"+ref); err != nil {
+		return fmt.Errorf("pushing %s: %w", w.Branch, err)
+	}
+	tip, err := h.git("rev-parse", ref)
+	if err != nil {
+		return err
+	}
+	w.Pushed = tip
 	return nil
 }
 

@@ -73,6 +73,9 @@ type Worktree struct {
 	// that running moat pr again edits only what changed.
 	PRBody string `json:"pr_body,omitempty"`
 	PRURL  string `json:"pr_url,omitempty"`
+	// Pushed is the commit moat pr pushed last: the remote branch may
+	// be overwritten (after a rebase) only while it is still there.
+	Pushed string `json:"pushed,omitempty"`
 }
 
 // Store is where tickets live.

@@ -511,3 +511,48 @@ func TestHostIgnoresPlantedGitDir(t *testing.T) {
 		t.Errorf("worktrees left after destroy: %q", got)
 	}
 }
+
+// TestPRKeepsOthersCommits: moat pr overwrites the remote branch after a
+// rebase, but not commits someone else pushed to it.
+func TestPRKeepsOthersCommits(t *testing.T) {
+	f := newFixture(t)
+	tk := f.open(t, "t1")
+	api := tk.Worktree("api")
+	bare := filepath.Join(filepath.Dir(f.ws), "api.git")
+	commit(t, api.Path, "a.txt", "mine")
+	if _, err := f.store.PR(tk, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	// A rebase rewrites the branch: pushed over the old one.
+	tickettest.PushUpstream(t, bare, "up.txt", "upstream")
+	if err := f.store.Rebase(tk, "api", io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.store.PR(tk, io.Discard); err != nil {
+		t.Fatalf("pr after a rebase: %v", err)
+	}
+	if got, want := git(t, bare, "rev-parse", "refs/heads/t1"), git(t, api.Path, "rev-parse", "HEAD"); got != want {
+		t.Fatalf("the remote's t1 is %s after the rebase's push, want %s", got, want)
+	}
+	// Someone adds a commit to the pull request's branch.
+	other := filepath.Join(t.TempDir(), "other")
+	git(t, filepath.Dir(other), "clone", "-q", "-b", "t1", bare, other)
+	commit(t, other, "theirs.txt", "suggestion")
+	git(t, other, "push", "-q", "origin", "t1")
+	theirs := git(t, other, "rev-parse", "HEAD")
+	commit(t, api.Path, "b.txt", "more of mine")
+	_, err := f.store.PR(tk, io.Discard)
+	if !errors.Is(err, ErrMoved) || !strings.Contains(err.Error(), "git merge origin/t1") {
+		t.Fatalf("pr over someone else's commit: %v; want ErrMoved saying how to bring it in", err)
+	}
+	if got := git(t, bare, "rev-parse", "refs/heads/t1"); got != theirs {
+		t.Fatalf("their commit was overwritten: the remote's t1 is %s, want %s", got, theirs)
+	}
+	git(t, api.Path, "merge", "-q", "--no-edit", "origin/t1")
+	if _, err := f.store.PR(tk, io.Discard); err != nil {
+		t.Fatalf("pr after merging theirs: %v", err)
+	}
+	if _, err := tickettest.TryGit(bare, "merge-base", "--is-ancestor", theirs, "refs/heads/t1"); err != nil {
+		t.Error("their commit is not in the pushed branch")
+	}
+}
