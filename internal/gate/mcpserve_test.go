@@ -99,16 +99,19 @@ type mcpFixture struct {
 	srv *fakeMCP
 	ph  string // the placeholder the guest holds
 	c   *http.Client
+	// upAddr and upRoots reach the server directly (benchmarks).
+	upAddr  string
+	upRoots *x509.CertPool
 }
 
 // newMCPFixture is a gate with testMCP declared, in front of a fakeMCP
 // at mcp.test, with a secret bound to mcp.test.
-func newMCPFixture(t *testing.T, s MCPServer, allow ...string) *mcpFixture {
+func newMCPFixture(t testing.TB, s MCPServer, allow ...string) *mcpFixture {
 	return newMCPFixtureWith(t, s, true, allow...)
 }
 
 // newMCPFixtureWith is newMCPFixture, with or without the secret.
-func newMCPFixtureWith(t *testing.T, s MCPServer, withSecret bool, allow ...string) *mcpFixture {
+func newMCPFixtureWith(t testing.TB, s MCPServer, withSecret bool, allow ...string) *mcpFixture {
 	t.Helper()
 	ca, err := tlsca.LoadOrCreate(t.TempDir())
 	if err != nil {
@@ -154,7 +157,7 @@ func newMCPFixtureWith(t *testing.T, s MCPServer, withSecret bool, allow ...stri
 	}
 	t.Cleanup(func() { al.Close() })
 	f := &mcpFixture{mitmFixture: &mitmFixture{fixture: &fixture{dns: dns, ledger: audit.NewLedger(100), log: al, path: path},
-		ca: ca, roots: x509.NewCertPool()}, srv: srv, ph: creds.Placeholders()["MCP_TOKEN"]}
+		ca: ca, roots: x509.NewCertPool()}, srv: srv, ph: creds.Placeholders()["MCP_TOKEN"], upAddr: addr, upRoots: upRoots}
 	f.roots.AddCert(ca.Cert())
 	var gc Credentials = creds
 	if !withSecret {
