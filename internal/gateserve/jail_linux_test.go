@@ -19,19 +19,20 @@ import (
 	"moat.dev/moat/test/inet"
 )
 
-// moatBinary is $MOAT_BIN (scripts/test.sh builds one) or moat built here
-// without cgo, as the jail needs.
+// moatBinary is $MOAT_BIN (scripts/test.sh builds one, with moat-gate
+// beside it) or moat and moat-gate built here into one directory without
+// cgo, as the jail needs: `moat gate serve` execs the moat-gate beside it.
 func moatBinary(t *testing.T) string {
 	if b := os.Getenv("MOAT_BIN"); b != "" {
 		return b
 	}
-	bin := filepath.Join(t.TempDir(), "moat")
-	build := exec.Command("go", "build", "-o", bin, "moat.dev/moat/cmd/moat")
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-gate")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building moat without cgo: %v\n%s", err, out)
+		t.Fatalf("building moat and moat-gate without cgo: %v\n%s", err, out)
 	}
-	return bin
+	return filepath.Join(dir, "moat")
 }
 
 // TestServeJailed runs `moat gate serve` as a person does: as root, it
