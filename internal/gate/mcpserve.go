@@ -120,7 +120,8 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 	rs.mcp = st
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete:
-		return true // no message to decide; a GET's stream is filtered
+		r.Header.Del("Accept-Encoding") // a GET's stream is filtered
+		return true                     // no message to decide
 	case http.MethodPost:
 	default:
 		g.mcpRefuseBody(w, rs, http.StatusMethodNotAllowed, audit.ReasonMCPMethod,
@@ -149,6 +150,9 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 		return false
 	}
 	st.calls, st.lists = d.Calls, d.ListsTools()
+	// The answer is read to filter it: asked for as identity (one that
+	// comes compressed anyway is decompressed, see mcpAnswer).
+	r.Header.Del("Accept-Encoding")
 	if !d.Allowed() {
 		if !g.report.Load() {
 			g.mcpRefuseCalls(w, rs, d)
@@ -309,6 +313,14 @@ func (g *Gate) mcpAnswer(resp *http.Response, st *mcpState) error {
 		return nil
 	}
 	ct, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if ct == "text/event-stream" || st.lists && ct == "application/json" {
+		// Compressed anyway: read through gzip or deflate, or dropped.
+		body, err := decompressed(resp)
+		if err != nil {
+			return err
+		}
+		resp.Body = body
+	}
 	switch {
 	case ct == "text/event-stream":
 		resp.Body = &sseFilter{src: resp.Body, r: newBufReader(resp.Body), s: st.server}

@@ -1,6 +1,7 @@
 package gate
 
 import (
+	"compress/gzip"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -79,6 +80,15 @@ func (f *fakeMCP) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	case len(answers) == 0:
 		w.WriteHeader(http.StatusAccepted)
+	case r.URL.Query().Get("gzip") == "1":
+		// A server that compresses whatever it was asked.
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Encoding", "gzip")
+		zw := gzip.NewWriter(w)
+		for _, a := range answers {
+			fmt.Fprintf(zw, "data: %s\n\n", a)
+		}
+		zw.Close()
 	case r.URL.Query().Get("json") == "1":
 		w.Header().Set("Content-Type", "application/json")
 		if len(msgs) > 1 {
@@ -182,6 +192,10 @@ func (f *mcpFixture) post(t *testing.T, path, body string) (int, string, error) 
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Authorization", "Bearer "+f.ph)
+	if strings.Contains(path, "gzip=1") {
+		// The guest asks for compression: it still gets a body the gate could filter.
+		req.Header.Set("Accept-Encoding", "gzip")
+	}
 	resp, err := f.c.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -231,8 +245,8 @@ func TestMCPOverTLS(t *testing.T) {
 		t.Errorf("blocked call: %q", body)
 	}
 
-	// Listings are filtered, as an SSE stream and as JSON.
-	for _, q := range []string{"", "?json=1"} {
+	// Listings are filtered, as an SSE stream and as JSON, compressed or not.
+	for _, q := range []string{"", "?json=1", "?gzip=1"} {
 		_, body, err = f.post(t, "/mcp"+q, `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
 		if err != nil || !strings.Contains(body, "search_code") || !strings.Contains(body, "read_file") ||
 			strings.Contains(body, "delete_repo") || strings.Contains(body, "search_private") {
@@ -278,7 +292,7 @@ func TestMCPOverTLS(t *testing.T) {
 		t.Errorf("after the bad input: %d %q", status, body)
 	}
 
-	wantArrived := []string{"tools/call read_file", "tools/list", "tools/list", "tools/list", "tools/call search_code"}
+	wantArrived := []string{"tools/call read_file", "tools/list", "tools/list", "tools/list", "tools/list", "tools/call search_code"}
 	if got := f.srv.log(); strings.Join(got, "|") != strings.Join(wantArrived, "|") {
 		t.Errorf("arrived at the server: %q\nwant %q", got, wantArrived)
 	}
@@ -360,4 +374,16 @@ func TestMCPRefusalsStayOutOfTheLedger(t *testing.T) {
 	if _, denied := f.g.Counts(); denied != 1 {
 		t.Errorf("denied count %d", denied)
 	}
+}
+
+// Without a secret bound to the host (whose answers are decompressed to
+// be scrubbed), a listing the guest asked to have compressed is still
+// read and filtered.
+func TestMCPFiltersCompressedAnswers(t *testing.T) {
+	f := newMCPFixtureWith(t, testMCP, false)
+	_, body, err := f.post(t, "/mcp?gzip=1", `{"jsonrpc":"2.0","id":3,"method":"tools/list"}`)
+	if err != nil || !strings.Contains(body, "read_file") || strings.Contains(body, "delete_repo") {
+		t.Errorf("compressed tools/list: %v %q", err, body)
+	}
+	f.done(t, f.c)
 }
