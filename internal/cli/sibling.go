@@ -31,7 +31,7 @@ func sibling(name string) (string, error) {
 	}
 	p := filepath.Join(filepath.Dir(exe), name)
 	if _, err := os.Stat(p); errors.Is(err, fs.ErrNotExist) {
-		return "", codef(ExitHost, "%s is missing: moat runs it from its own directory, as %s; copy it there from the build moat came from, or build all three binaries into ./bin of moat's source tree with: sudo scripts/setup.sh",
+		return "", codef(ExitHost, "%s is missing (expected at %s, beside the moat binary); copy it there from the build moat came from, or build all three binaries into ./bin of moat's source tree with: sudo scripts/setup.sh",
 			name, p)
 	} else if err != nil {
 		return "", withCode(ExitHost, fmt.Errorf("checking for %s: %w", name, err))
