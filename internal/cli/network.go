@@ -218,7 +218,9 @@ func (e *env) denials(dir string, rec *state.Record) (*control.Denials, error) {
 	}
 	l := audit.NewLedger(1024)
 	err := audit.Read(auditPath(dir, rec), func(r audit.Record) bool {
-		if r.Verdict == audit.Deny && r.Proto != "dns" {
+		// As the gate's own ledger: no DNS, no MCP calls (their
+		// destination is allowed; the rule that refused the call is).
+		if r.Verdict == audit.Deny && r.Proto != "dns" && r.Proto != "mcp" {
 			l.Add(r)
 		}
 		return true
@@ -260,6 +262,9 @@ retention).`,
 				name := r.Name
 				if name == "" {
 					name = "-"
+				}
+				if r.Proto == "mcp" {
+					name = strings.TrimSpace(fmt.Sprintf("%s %s %s %s%s", name, r.MCPServer, r.MCPMethod, r.MCPTool, r.MCPURI))
 				}
 				why := audit.Why(r.Layer, r.Rule, r.Reason)
 				verdict := r.Verdict

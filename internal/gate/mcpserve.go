@@ -232,8 +232,8 @@ func (s *MCPServer) refusal(c mcpCall) string {
 	default:
 		why = "no pattern of " + where + " allows it"
 	}
-	return fmt.Sprintf("moat: the gate refused %s on MCP server %q: %s; it was not sent. %s",
-		what, s.Name, why, fix)
+	return fmt.Sprintf("moat: the gate refused %s on MCP server %q: %s; it was not sent. %s.",
+		what, s.Name, why, strings.ToUpper(fix[:1])+fix[1:])
 }
 
 // mcpAudit writes the records of a carried request's calls, once its

@@ -183,6 +183,15 @@ func TestMCP(t *testing.T) {
 	if strings.Join(calls, "\n") != strings.Join(want, "\n") {
 		t.Errorf("mcp audit records:\n%s\nwant:\n%s", strings.Join(calls, "\n"), strings.Join(want, "\n"))
 	}
+	// What a person reads: the refused call, by tool and rule; the destination is not a denial
+	// to allow.
+	if a := moat(t, g.dir, g.env, "network", "audit", g.name); !strings.Contains(a.stdout, "mcp.test tools tools/call delete_repo") ||
+		!strings.Contains(a.stdout, "!delete_*") {
+		t.Errorf("moat network audit:\n%s", a.stdout)
+	}
+	if d := moat(t, g.dir, g.env, "network", "denials", g.name); strings.Contains(d.stdout, "mcp.test") {
+		t.Errorf("moat network denials lists the MCP server:\n%s", d.stdout)
+	}
 }
 
 // TestMCPClaude: the real Claude Code, installed from its npm package and started by
