@@ -70,7 +70,8 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 		}
 	}
 	for _, s := range config.SortedMCP(cfg.Network.MCP) {
-		if theirs(s.Source) {
+		// A command server runs in the sandbox, like a hook: not asked.
+		if theirs(s.Source) && s.URL != "" {
 			what := "any tool"
 			if len(s.Tools) == 0 {
 				what = "no tool"

@@ -13,7 +13,7 @@ import (
 func withMCPEnv(cfg config.Config, sessEnv map[string]string) map[string]string {
 	var servers []preset.MCPServer
 	for _, s := range config.SortedMCP(cfg.Network.MCP) {
-		ps := preset.MCPServer{Name: s.Name, URL: s.URL, Secret: s.Secret}
+		ps := preset.MCPServer{Name: s.Name, URL: s.URL, Command: s.Command, Secret: s.Secret}
 		if s.Secret != "" {
 			ps.Header, ps.Bearer = "Authorization", true
 			if h := cfg.Secrets[s.Secret].Header; h != "" {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -54,7 +55,7 @@ func TestWithMCPEnv(t *testing.T) {
 		{Name: "b", URL: "https://b.example.com/mcp", Secret: "K", Header: "x-api-key"},
 		{Name: "c", URL: "https://c.example.com/mcp"},
 	}
-	if len(got) != 3 || got[0] != want[0] || got[1] != want[1] || got[2] != want[2] {
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v", got)
 	}
 	if env := withMCPEnv(config.Config{}, nil); env != nil {

@@ -25,10 +25,13 @@ type MCPServer struct {
 	Name string `json:"name"`
 	// URL is as written; Host (normalized), Port and Path (escaped, no
 	// trailing "/", "/" for the root) are read from it.
-	URL  string `json:"url"`
-	Host string `json:"host"`
-	Port uint16 `json:"port"`
-	Path string `json:"path"`
+	URL  string `json:"url,omitempty"`
+	Host string `json:"host,omitempty"`
+	Port uint16 `json:"port,omitempty"`
+	Path string `json:"path,omitempty"`
+	// Command is a stdio server the agent runs in the sandbox: the
+	// program and its arguments. Exclusive with URL.
+	Command []string `json:"command,omitempty"`
 	// Secret names a [secrets] entry bound to Host, whose placeholder
 	// the presets put in the agent's MCP configuration.
 	Secret    string   `json:"secret,omitempty"`
@@ -42,6 +45,9 @@ type MCPServer struct {
 // AllowEntries are the request rules that let the server's URL through:
 // its path and everything below it, any method.
 func (s MCPServer) AllowEntries() []string {
+	if s.Host == "" {
+		return nil // a command: nothing to allow
+	}
 	hp := s.Host + ":" + strconv.Itoa(int(s.Port))
 	if s.Path == "/" {
 		return []string{hp + "/*"}
@@ -60,6 +66,7 @@ func SortedMCP(m map[string]MCPServer) []MCPServer {
 
 type rawMCP struct {
 	URL            *string  `toml:"url"`
+	Command        []string `toml:"command"`
 	Secret         *string  `toml:"secret"`
 	Tools          []string `toml:"tools"`
 	Resources      []string `toml:"resources"`
@@ -79,8 +86,17 @@ func (c *checker) mcp(raw map[string]rawMCP) map[string]MCPServer {
 			c.fail(key, "MCP server name %q: use lower-case letters, digits, - and _, e.g. [mcp.github]", name)
 			continue
 		}
+		if len(r.Command) > 0 {
+			if s, ok := c.mcpCommand(key, name, r); ok {
+				if out == nil {
+					out = map[string]MCPServer{}
+				}
+				out[name] = s
+			}
+			continue
+		}
 		if r.URL == nil {
-			c.fail(key, `no url; write e.g. url = "https://mcp.example.com/mcp"`)
+			c.fail(key, `no url; write e.g. url = "https://mcp.example.com/mcp", or command = ["program", "arg"] for a server the agent runs in the sandbox`)
 			continue
 		}
 		s, ok := c.mcpURL(key+".url", *r.URL)
@@ -103,6 +119,30 @@ func (c *checker) mcp(raw map[string]rawMCP) map[string]MCPServer {
 		out[name] = s
 	}
 	return out
+}
+
+// mcpCommand reads a stdio server: a program the agent starts in the
+// sandbox. The gate never sees its calls (they do not leave the guest),
+// so the keys that would pretend to decide them are refused; what it
+// reaches over the network is decided like anything else in the guest.
+func (c *checker) mcpCommand(key, name string, r rawMCP) (MCPServer, bool) {
+	ok := true
+	for _, k := range []struct {
+		key string
+		set bool
+	}{{"url", r.URL != nil}, {"secret", r.Secret != nil}, {"tools", r.Tools != nil}, {"resources", r.Resources != nil}, {"audit_arguments", r.AuditArguments}} {
+		if k.set {
+			c.fail(key+"."+k.key, "%s applies to a server reached by url; a command server runs in the sandbox, where the gate does not see its calls (the sandbox is its boundary): remove %s or the command", k.key, k.key)
+			ok = false
+		}
+	}
+	for i, a := range r.Command {
+		if a == "" || strings.ContainsFunc(a, func(r rune) bool { return r == 0 }) {
+			c.fail(fmt.Sprintf("%s.command[%d]", key, i), "empty or NUL argument; remove it")
+			ok = false
+		}
+	}
+	return MCPServer{Name: name, Command: r.Command, Source: c.path}, ok
 }
 
 // mcpURL reads an MCP server's URL: https, a name (request rules need

@@ -68,6 +68,23 @@ func TestMCPParseRefuses(t *testing.T) {
 	}
 }
 
+func TestMCPCommand(t *testing.T) {
+	f, err := Parse("/p/moat.toml", []byte("[mcp.local]\ncommand = [\"/usr/bin/srv\", \"--stdio\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := f.MCP["local"]; !slices.Equal(s.Command, []string{"/usr/bin/srv", "--stdio"}) || s.URL != "" || len(f.Network.Allow) != 0 {
+		t.Errorf("local = %+v, network.allow %q", s, f.Network.Allow)
+	}
+	// The keys that would pretend the gate decides its calls are refused.
+	for _, k := range []string{`tools = ["x"]`, `secret = "A"`, `url = "https://a.example.com"`, `audit_arguments = true`} {
+		_, err := Parse("moat.toml", []byte("[mcp.local]\ncommand = [\"srv\"]\n"+k+"\n"))
+		if err == nil || !strings.Contains(err.Error(), "the gate does not see its calls") {
+			t.Errorf("%s with a command: %v", k, err)
+		}
+	}
+}
+
 func TestMCPValidateSecret(t *testing.T) {
 	user := mustParse(t, "/u/config.toml", `
 [secrets.GH_TOKEN]

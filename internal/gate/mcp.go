@@ -62,6 +62,9 @@ type MCPServer struct {
 func MCPServers(m map[string]config.MCPServer) []MCPServer {
 	out := make([]MCPServer, 0, len(m))
 	for _, s := range config.SortedMCP(m) {
+		if s.Host == "" {
+			continue // a command: its calls never leave the guest
+		}
 		out = append(out, MCPServer{Name: s.Name, Host: s.Host, Port: s.Port, Path: s.Path,
 			Tools: s.Tools, Resources: s.Resources, AuditArguments: s.AuditArguments, Source: s.Source})
 	}

@@ -31,7 +31,9 @@ const MCPEnv = "MOAT_MCP_SERVERS"
 // MCPServer is one declared server as the guest learns of it.
 type MCPServer struct {
 	Name string `json:"name"`
-	URL  string `json:"url"`
+	URL  string `json:"url,omitempty"`
+	// Command is a stdio server's program and arguments (no URL then).
+	Command []string `json:"command,omitempty"`
 	// Secret is the name of the variable whose placeholder is sent in
 	// Header ("" with no secret); Bearer says the header's value is
 	// "Bearer " and the placeholder (Authorization).
@@ -54,6 +56,7 @@ func EncodeMCP(servers []MCPServer) string {
 type MCPEntry struct {
 	Name    string
 	URL     string
+	Command []string
 	Headers map[string]string
 }
 
@@ -69,7 +72,7 @@ func mcpEntries(v string, getenv func(string) string) (entries []MCPEntry, notes
 		return nil, nil, fmt.Errorf("%s: %w", MCPEnv, err)
 	}
 	for _, s := range servers {
-		e := MCPEntry{Name: s.Name, URL: s.URL, Headers: map[string]string{}}
+		e := MCPEntry{Name: s.Name, URL: s.URL, Command: s.Command, Headers: map[string]string{}}
 		if s.Secret != "" {
 			ph := getenv(s.Secret)
 			if !strings.HasPrefix(ph, secret.PlaceholderPrefix) {
@@ -107,6 +110,9 @@ func mergeClaudeMCP(m map[string]any, in SeedInput) error {
 			return err
 		}
 		entry := map[string]any{"type": "http", "url": e.URL}
+		if len(e.Command) > 0 {
+			entry = map[string]any{"type": "stdio", "command": e.Command[0], "args": anyList(e.Command[1:])}
+		}
 		if len(e.Headers) > 0 {
 			h := map[string]any{}
 			for k, v := range e.Headers {
@@ -132,6 +138,9 @@ func mergeCodexMCP(m map[string]any, in SeedInput) (bool, error) {
 			return false, err
 		}
 		entry := map[string]any{"url": e.URL}
+		if len(e.Command) > 0 {
+			entry = map[string]any{"command": e.Command[0], "args": anyList(e.Command[1:])}
+		}
 		if len(e.Headers) > 0 {
 			h := map[string]any{}
 			for k, v := range e.Headers {
@@ -147,9 +156,26 @@ func mergeCodexMCP(m map[string]any, in SeedInput) (bool, error) {
 	return changed, nil
 }
 
+// anyList is l as decoded JSON or TOML holds a list, so that a merge
+// compares what it wrote with what it reads back.
+func anyList(l []string) []any {
+	out := make([]any, len(l))
+	for i, s := range l {
+		out[i] = s
+	}
+	return out
+}
+
 func sameCodexEntry(a, b map[string]any) bool {
-	if a["url"] != b["url"] || len(a) != len(b) {
+	if a["url"] != b["url"] || a["command"] != b["command"] || len(a) != len(b) {
 		return false
+	}
+	if aa, ab := a["args"], b["args"]; aa != nil || ab != nil {
+		la, _ := aa.([]any)
+		lb, _ := ab.([]any)
+		if !slices.Equal(la, lb) {
+			return false
+		}
 	}
 	ha, _ := a["http_headers"].(map[string]any)
 	hb, _ := b["http_headers"].(map[string]any)

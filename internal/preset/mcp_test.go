@@ -69,6 +69,22 @@ func TestMergeClaudeMCP(t *testing.T) {
 	}
 }
 
+func TestMergeStdioMCP(t *testing.T) {
+	in := SeedInput{MCP: []MCPEntry{{Name: "local", Command: []string{"/ws/srv", "serve"}}}}
+	out, _, err := MergeClaudeConfig(nil, in)
+	if err != nil || !strings.Contains(string(out), `"command": "/ws/srv"`) || !strings.Contains(string(out), `"type": "stdio"`) ||
+		!strings.Contains(string(out), `"serve"`) {
+		t.Errorf("claude: %v\n%s", err, out)
+	}
+	out, _, err = MergeCodexConfig(nil, in)
+	if err != nil || !strings.Contains(string(out), "command = '/ws/srv'") || !strings.Contains(string(out), "serve") {
+		t.Errorf("codex: %v\n%s", err, out)
+	}
+	if _, changed, _ := MergeCodexConfig(out, in); changed {
+		t.Errorf("a second merge changed:\n%s", out)
+	}
+}
+
 func TestMergeCodexMCP(t *testing.T) {
 	in := SeedInput{MCP: []MCPEntry{{Name: "gh", URL: "https://mcp.example.com/mcp", Headers: map[string]string{"Authorization": "Bearer " + testPH}}}}
 	out, changed, err := MergeCodexConfig(nil, in)

@@ -238,7 +238,10 @@ func TestMCPClaude(t *testing.T) {
 		// A one-turn -p run asks the model before a server still connecting is ready (the
 		// default), and with tool search the model is offered a search tool, not the MCP tools:
 		// both off, so the first request lists the tools Claude Code got.
-		"\n[env]\nMCP_CONNECTION_NONBLOCKING = \"false\"\nENABLE_TOOL_SEARCH = \"false\"\n"
+		"\n[env]\nMCP_CONNECTION_NONBLOCKING = \"false\"\nENABLE_TOOL_SEARCH = \"false\"\n" +
+		// A stdio server the agent runs in the sandbox.
+		fmt.Sprintf("\n[mcp.local]\ncommand = [%q, \"serve\"]\n", filepath.Join(dir, "mcpclient"))
+	installMCPClient(t, dir)
 	if err := os.WriteFile(filepath.Join(dir, "moat.toml"), []byte(toml), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -267,11 +270,11 @@ func TestMCPClaude(t *testing.T) {
 	}
 	offered := bodies.all()
 	if !strings.Contains(offered, "mcp__tools__read_file") || !strings.Contains(offered, "mcp__tools__search_code") ||
-		strings.Contains(offered, "delete_repo") {
+		!strings.Contains(offered, "mcp__local__local_echo") || strings.Contains(offered, "delete_repo") {
 		log.mu.Lock()
 		reqs := log.reqs
 		log.mu.Unlock()
-		t.Errorf("the tools Claude Code offered the model are not the allowed ones (read_file and search_code only): %q\n"+
+		t.Errorf("the tools Claude Code offered the model are not the allowed ones (read_file and search_code, and the stdio server's local_echo): %q\n"+
 			"requests to the MCP server: %q\nclaude's MCP lines: %s", regexp.MustCompile(`mcp__[A-Za-z0-9_]+|delete_repo`).FindAllString(offered, -1), reqs, mcpLines(r.stdout+r.stderr))
 	}
 }

@@ -2,9 +2,12 @@
 // official Go SDK's client over streamable HTTP, as an agent would run it.
 // It lists the server's tools and calls each tool named on its command
 // line, with the credential in $MCP_TOKEN (the guest's placeholder) as a
-// bearer token, and prints what it got as KEY=value lines.
+// bearer token, and prints what it got as KEY=value lines. With "serve" it
+// is instead a stdio MCP server with one tool, local_echo, for an agent
+// to start in the guest.
 //
 //	mcpclient URL TOOL...
+//	mcpclient serve
 package main
 
 import (
@@ -30,6 +33,10 @@ func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: mcpclient URL TOOL...")
 		os.Exit(2)
+	}
+	if os.Args[1] == "serve" {
+		serve()
+		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -64,5 +71,21 @@ func main() {
 			}
 		}
 		fmt.Printf("OK_%s=%s\n", name, strings.Join(text, " "))
+	}
+}
+
+// serve is a stdio MCP server until its client goes away.
+func serve() {
+	s := mcp.NewServer(&mcp.Implementation{Name: "moat-e2e-local", Version: "v1"}, nil)
+	type in struct {
+		Text string `json:"text"`
+	}
+	mcp.AddTool(s, &mcp.Tool{Name: "local_echo", Description: "echoes its text"},
+		func(ctx context.Context, req *mcp.CallToolRequest, args in) (*mcp.CallToolResult, any, error) {
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: args.Text}}}, nil, nil
+		})
+	if err := s.Run(context.Background(), &mcp.StdioTransport{}); err != nil {
+		fmt.Fprintln(os.Stderr, "serving:", err)
+		os.Exit(1)
 	}
 }
