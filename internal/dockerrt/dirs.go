@@ -94,7 +94,7 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol.TOML, 0o644); err != nil {
 		return "", nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.Subnet, r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
 		return "", nil, err
 	}
 	binds := []string{dir + ":" + gateDir}

@@ -81,17 +81,33 @@ func (r *Record) Place(subnet netip.Prefix) {
 	r.Bridge = "moat" + hex.EncodeToString(sum[:4])
 }
 
+// AssignRange is the part of subnet Docker assigns containers addresses
+// from: its lower half (.1 bridge, .2 gate, .3 workload are in it).
+func AssignRange(subnet netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(subnet.Masked().Addr(), subnet.Bits()+1)
+}
+
+// NamesRange is the gate's names range on subnet: its upper half, which
+// Docker never assigns (AssignRange). The gate answers each name with an
+// address of it, and decides TCP to it on any port by the name
+// (docs/gate-service.md, "Other ports"); the workload's one route, to
+// its subnet, covers it, and the gate answers ARP for it.
+func NamesRange(subnet netip.Prefix) netip.Prefix {
+	return netip.PrefixFrom(HostAt(subnet, 128), subnet.Bits()+1)
+}
+
 // GateArgs are the gate container's arguments to moat-gate, its image's
 // entry point.
 func GateArgs() []string { return []string{"serve", "--config", gateConfig} }
 
 // GateConfig is the gate service's configuration for a sandbox: listeners
 // on the gate's internal address only (the egress side serves nobody),
-// one tenant, the workload's address.
-func GateConfig(gate, workload netip.Addr, upstream []netip.AddrPort) []byte {
+// the subnet's upper half as its names range, one tenant, the workload's
+// address.
+func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip.AddrPort) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Written by moat for a sandbox on Docker; replaced at each start.\n")
-	fmt.Fprintf(&b, "[service]\nstate_dir = %q\n\n", gateState)
+	fmt.Fprintf(&b, "[service]\nstate_dir = %q\nnames = %q\n\n", gateState, NamesRange(subnet).String())
 	fmt.Fprintf(&b, "[listen]\ndns = [\"%s:53\"]\nhttp = [\"%s:80\"]\nhttps = [\"%s:443\"]\n\n", gate, gate, gate)
 	if len(upstream) > 0 {
 		var us []string

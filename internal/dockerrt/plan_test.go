@@ -39,8 +39,9 @@ func TestPickSubnet(t *testing.T) {
 // The service must accept what moat writes for it, and serve only the
 // workload.
 func TestGateConfig(t *testing.T) {
+	subnet := netip.MustParsePrefix("10.213.4.0/24")
 	gate, work := netip.MustParseAddr("10.213.4.2"), netip.MustParseAddr("10.213.4.3")
-	data := GateConfig(gate, work, []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53")})
+	data := GateConfig(subnet, gate, work, []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53")})
 	cfg, err := gateserve.ParseConfig("/moat-gate/gate.toml", data)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, data)
@@ -55,6 +56,20 @@ func TestGateConfig(t *testing.T) {
 	}
 	if len(cfg.Upstream) != 1 {
 		t.Errorf("upstream = %v", cfg.Upstream)
+	}
+	// The names range is the half Docker never assigns, and holds none
+	// of the sandbox's own addresses.
+	if want := netip.MustParsePrefix("10.213.4.128/25"); cfg.Names != want {
+		t.Errorf("names = %v, want %v", cfg.Names, want)
+	}
+	assign := AssignRange(subnet)
+	if assign.String() != "10.213.4.0/25" || assign.Overlaps(cfg.Names) {
+		t.Errorf("Docker's range %v overlaps names %v", assign, cfg.Names)
+	}
+	for _, a := range []netip.Addr{HostAt(subnet, 1), gate, work} {
+		if !assign.Contains(a) || cfg.Names.Contains(a) {
+			t.Errorf("%s: in Docker's range %v: %v, in names %v: %v", a, assign, assign.Contains(a), cfg.Names, cfg.Names.Contains(a))
+		}
 	}
 }
 

@@ -181,8 +181,15 @@ func (u *upstream) questions() []string {
 }
 
 // served are the names the upstream serves: allowed.test over HTTPS
-// with a bound secret, plain.test over HTTP.
-func served(fqdn string) bool { return fqdn == "allowed.test." || fqdn == "plain.test." }
+// with a bound secret, plain.test over HTTP, banner.test on bannerPorts.
+func served(fqdn string) bool {
+	return fqdn == "allowed.test." || fqdn == "plain.test." || fqdn == "banner.test."
+}
+
+// bannerPorts are ports other than 80 and 443 where the upstream speaks
+// first, as SSH does, then echoes: the policy allows banner.test on the
+// first only.
+var bannerPorts = []int{2222, 2223}
 
 // egress is the egress network's subnet in these tests: a documentation
 // range, which the gate does not refuse (internal/policy/special.go), on
@@ -309,6 +316,27 @@ func startUpstream(t *testing.T, leaf tls.Certificate) *upstream {
 	hss := &http.Server{Handler: hs.Handler, ReadHeaderTimeout: 5 * time.Second}
 	go hss.Serve(tls.NewListener(tl, &tls.Config{Certificates: []tls.Certificate{leaf}}))
 	t.Cleanup(func() { hss.Close() })
+	for _, port := range bannerPorts {
+		bl, err := lc.Listen(ctx, "tcp4", fmt.Sprintf("%s:%d", hostEnd, port))
+		if err != nil {
+			t.Fatalf("listening on %s:%d: %v", hostEnd, port, err)
+		}
+		t.Cleanup(func() { bl.Close() })
+		go func() {
+			for {
+				c, err := bl.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					fmt.Fprintf(c, "banner from %d\n", port)
+					io.Copy(c, c)
+				}()
+			}
+		}()
+	}
 	return u
 }
 

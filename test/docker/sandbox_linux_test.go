@@ -27,7 +27,7 @@ image = "IMAGE"
 runtime = "docker"
 
 [network]
-allow = ["allowed.test", "plain.test"]
+allow = ["allowed.test", "plain.test", "banner.test:2222"]
 inspect = true
 trust = ["WS/upstream-ca.pem"]
 
@@ -64,6 +64,11 @@ func TestDockerSandbox(t *testing.T) {
 			t.Fatalf("internal network's IPAM: %+v", n.IPAM.Config)
 		}
 		subnet = netip.MustParsePrefix(n.IPAM.Config[0].Subnet)
+		// Docker assigns the lower half only; the upper is the gate's
+		// names range.
+		if got, want := n.IPAM.Config[0].IPRange, netip.PrefixFrom(subnet.Addr(), subnet.Bits()+1).String(); got != want {
+			t.Errorf("internal network's IPRange = %q, want %s", got, want)
+		}
 		g, err := s.dc.ContainerInspect(ctx, gateName)
 		if err != nil {
 			t.Fatal(err)
@@ -72,6 +77,23 @@ func TestDockerSandbox(t *testing.T) {
 			t.Errorf("gate's networks = %v, want %v", got, []string{egNet, intNet})
 		}
 		gateIP = netip.MustParseAddr(g.NetworkSettings.Networks[intNet].IPAddress)
+		// The gate container gets CAP_NET_ADMIN for its names range; the
+		// service that serves (the child of the container's first
+		// process) has dropped it and every other capability.
+		var kids []byte
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", g.State.Pid))
+		for _, p := range tasks {
+			b, _ := os.ReadFile(p)
+			kids = append(kids, b...)
+		}
+		if f := strings.Fields(string(kids)); len(f) != 1 {
+			t.Errorf("the gate's first process %d has children %q, want the jailed service alone", g.State.Pid, kids)
+		} else {
+			st, _ := os.ReadFile("/proc/" + f[0] + "/status")
+			if !regexp.MustCompile(`(?m)^CapEff:\s+0+$`).Match(st) || !regexp.MustCompile(`(?m)^Uid:\s+65534\s`).Match(st) {
+				t.Errorf("the gate's serving process keeps privileges:\n%s", grep(string(st), "Cap")+"\n"+grep(string(st), "Uid"))
+			}
+		}
 		// The gate is moat-gate, the service's own binary: the moat
 		// binary, without the service, is not in its image.
 		if got := append(slices.Clone(g.Config.Entrypoint), g.Config.Cmd...); len(got) < 2 || got[0] != "/bin/moat-gate" || got[1] != "serve" {
@@ -173,6 +195,38 @@ func TestDockerSandbox(t *testing.T) {
 		if code == 0 || !strings.Contains(errs, "403") {
 			t.Errorf("denied.test: exit %d, %s\n%s; want the gate's 403", code, errs, out)
 		}
+	})
+
+	t.Run("another port by name through the gate's names range", func(t *testing.T) {
+		// The name's address is one of the upper half of the subnet,
+		// which Docker assigns nobody and the gate answers for.
+		if !subnet.IsValid() {
+			t.Skip("the topology subtest reads the subnet; run it too")
+		}
+		out := s.must(t, "nslookup", "banner.test")
+		a := subnet.Addr().As4()
+		a[3] = 128
+		names := netip.PrefixFrom(netip.AddrFrom4(a), subnet.Bits()+1)
+		var got netip.Addr
+		if m := regexp.MustCompile(`(?s)Name:\s+banner\.test\s+Address(?:\s+\d+)?:\s+(\d+\.\d+\.\d+\.\d+)`).FindStringSubmatch(out); m != nil {
+			got, _ = netip.ParseAddr(m[1])
+		}
+		if !names.Contains(got) {
+			t.Errorf("nslookup banner.test:\n%s\nwant an address of %s", out, names)
+		}
+		out, errs, code := s.run(t, time.Minute, "sh", "-c", "echo ping | nc -w 3 banner.test 2222")
+		if code != 0 || out != "banner from 2222\nping\n" {
+			t.Errorf("banner.test:2222 (allowed): exit %d, %q, %s; want the banner and the echo", code, out, errs)
+		}
+		// The upstream serves 2223 too: a refusal is the gate's.
+		out, _, _ = s.run(t, time.Minute, "sh", "-c", "echo ping | nc -w 3 banner.test 2223")
+		if strings.Contains(out, "banner") {
+			t.Errorf("banner.test:2223 (not allowed) answered %q", out)
+		}
+		waitAudit(t, s, func(r auditRecord) bool {
+			return r.Name == "banner.test" && r.Proto == "tcp" && strings.HasSuffix(r.Dst, ":2223") &&
+				r.Verdict == "deny" && r.RejectedBy == "policy"
+		}, "banner.test:2223 denied with rejected_by policy")
 	})
 
 	t.Run("HTTPS through the gate's interception verifies with no flags", func(t *testing.T) {
@@ -410,6 +464,36 @@ func TestDockerSandbox(t *testing.T) {
 			t.Errorf("host rules are left:\n%s", grep(string(out), "moat-"+s.name))
 		}
 	})
+}
+
+// auditRecord is the part of an audit record these tests read.
+type auditRecord struct {
+	Proto      string `json:"proto"`
+	Name       string `json:"name"`
+	Dst        string `json:"dst"`
+	Verdict    string `json:"verdict"`
+	RejectedBy string `json:"rejected_by"`
+}
+
+// waitAudit waits up to 10 s for a record of the workload's audit log
+// that match accepts (records are written as connections end).
+func waitAudit(t *testing.T, s *sandbox, match func(auditRecord) bool, what string) {
+	t.Helper()
+	path := filepath.Join(s.home, "state", "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(path)
+		for _, l := range strings.Split(string(b), "\n") {
+			var r auditRecord
+			if json.Unmarshal([]byte(l), &r) == nil && match(r) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no audit record for %s in %s:\n%s", what, path, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 func keys[V any](m map[string]V) []string {

@@ -177,7 +177,11 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 	no := false
 	if _, err := e.c.NetworkCreate(ctx, r.InternalNet(), network.CreateOptions{
 		Driver: "bridge", Internal: true, EnableIPv6: &no, Labels: labels,
-		IPAM:    &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), Gateway: dockerrt.HostAt(r.Subnet, 1).String()}}},
+		// Docker assigns addresses from the lower half only: the upper
+		// half is the gate's names range (dockerrt.NamesRange), whose
+		// every address the gate answers ARP for.
+		IPAM: &network.IPAM{Config: []network.IPAMConfig{{Subnet: r.Subnet.String(), IPRange: dockerrt.AssignRange(r.Subnet).String(),
+			Gateway: dockerrt.HostAt(r.Subnet, 1).String()}}},
 		Options: map[string]string{"com.docker.network.bridge.name": r.Bridge},
 	}); err != nil {
 		return fmt.Errorf("creating the internal network: %w", err)
@@ -194,14 +198,16 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 	// (a mount namespace, pivot_root, its own seccomp filter), which
 	// needs CAP_SYS_ADMIN and no seccomp filter of Docker's in the way
 	// (Docker 20.10's default profile refuses pivot_root even with
-	// CAP_SYS_ADMIN); then it drops to an unprivileged uid with no
+	// CAP_SYS_ADMIN), and to route its names range to itself (a local
+	// route, an nftables tproxy rule, an IP_TRANSPARENT listener), which
+	// needs CAP_NET_ADMIN; then it drops to an unprivileged uid with no
 	// capabilities, under its own filter.
 	gate, err := e.c.ContainerCreate(ctx, &container.Config{
 		Image: r.GateImage, Cmd: dockerrt.GateArgs(), Labels: labels,
 	}, &container.HostConfig{
 		Binds:       gateBinds,
 		NetworkMode: container.NetworkMode(r.EgressNet()),
-		CapAdd:      []string{"SYS_ADMIN"},
+		CapAdd:      []string{"SYS_ADMIN", "NET_ADMIN"},
 		SecurityOpt: []string{"seccomp=unconfined", "apparmor=unconfined"},
 	}, nil, nil, r.GateName())
 	if err != nil {
