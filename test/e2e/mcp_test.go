@@ -194,11 +194,12 @@ func TestMCP(t *testing.T) {
 	}
 }
 
-// TestMCPClaude: the real Claude Code, installed from its npm package and started by
-// `moat run claude` against the stand-in model API, gets the declared server in its own
-// configuration with the placeholder, connects to it through the gate (the server sees the real
-// value), and offers the model only the tools the rules allow.
-func TestMCPClaude(t *testing.T) {
+// TestMCPAgents: the real Claude Code and Codex, installed from their npm packages. Claude Code,
+// started by `moat run claude` against the stand-in model API, gets the declared servers in its
+// own configuration with the placeholder, connects to the remote one through the gate (the server
+// sees the real value) and starts the stdio one in the guest, and offers the model only the tools
+// the rules allow. Codex reads the configuration `moat run codex` wrote.
+func TestMCPAgents(t *testing.T) {
 	reg := npmRegistry(t)
 	name := "mcp-claude-e2e"
 	dir := project(t, name)
@@ -210,11 +211,11 @@ func TestMCPClaude(t *testing.T) {
 	}
 	// The install first, with the host's DNS, before the test internet exists (as TestAgents).
 	start := time.Now()
-	r := moatWithin(t, dir, 15*time.Minute, "run", "--", "sudo", "-n", "npm", "install", "-g", "--no-fund", "--no-audit", "--registry", reg, claudePackage)
+	r := moatWithin(t, dir, 15*time.Minute, "run", "--", "sudo", "-n", "npm", "install", "-g", "--no-fund", "--no-audit", "--registry", reg, claudePackage, codexPackage)
 	if r.code != 0 {
-		t.Fatalf("npm install -g %s through the gate: exit %d\nstdout: %s\nstderr: %s", claudePackage, r.code, tail(r.stdout, 30), tail(r.stderr, 30))
+		t.Fatalf("npm install -g %s %s through the gate: exit %d\nstdout: %s\nstderr: %s", claudePackage, codexPackage, r.code, tail(r.stdout, 30), tail(r.stderr, 30))
 	}
-	t.Logf("npm install -g %s through the gate: %v", claudePackage, time.Since(start).Round(time.Second))
+	t.Logf("npm install -g %s %s through the gate: %v", claudePackage, codexPackage, time.Since(start).Round(time.Second))
 	if r := moat(t, dir, nil, "down"); r.code != 0 {
 		t.Fatalf("moat down: exit %d\n%s", r.code, r.stderr)
 	}
@@ -268,6 +269,16 @@ func TestMCPClaude(t *testing.T) {
 			t.Errorf("request %d reached the MCP server without the real credential", i)
 		}
 	}
+	// Codex reads what moat run codex wrote: both servers, the header by name only.
+	if r := moat(t, dir, env, "run", "codex", "--", "--version"); r.code != 0 {
+		t.Errorf("moat run codex -- --version: exit %d\n%s", r.code, tail(r.stderr, 20))
+	}
+	cl := moat(t, dir, env, "run", "--", "codex", "mcp", "list")
+	if cl.code != 0 || !strings.Contains(cl.stdout, "https://mcp.test/mcp") || !strings.Contains(cl.stdout, "local") ||
+		strings.Contains(cl.stdout+cl.stderr, value) {
+		t.Errorf("codex mcp list: exit %d\nstdout: %s\nstderr: %s", cl.code, cl.stdout, tail(cl.stderr, 20))
+	}
+	t.Logf("codex mcp list:\n%s", cl.stdout)
 	offered := bodies.all()
 	if !strings.Contains(offered, "mcp__tools__read_file") || !strings.Contains(offered, "mcp__tools__search_code") ||
 		!strings.Contains(offered, "mcp__local__local_echo") || strings.Contains(offered, "delete_repo") {
