@@ -124,13 +124,31 @@ func TestMCP(t *testing.T) {
 		t.Fatalf("moat up: exit %d\nstdout: %s\nstderr: %s\n%s", r.code, r.stdout, r.stderr, g.daemonLog())
 	}
 
-	r := moat(t, g.dir, g.env, "run", "--", "sh", "-c",
-		`echo "PH=$MCP_TOKEN"; echo "SERVERS=$MOAT_MCP_SERVERS"; ./mcpclient https://mcp.test/mcp read_file delete_repo search_code`)
+	// Bad input first, by hand (curl): each is refused whole and the gate keeps serving the client
+	// that follows.
+	post := `curl -s -o out/%s -w '%s=%%{http_code}\n' -X POST -H 'Content-Type: application/json' ` +
+		`-H 'Accept: application/json, text/event-stream' -H "Authorization: Bearer $MCP_TOKEN" --data-binary %s https://mcp.test/mcp; `
+	batch := `'[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file"}},` +
+		`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"delete_repo"}}]'`
+	script := fmt.Sprintf(post, "malformed", "MALFORMED", `'{"jsonrpc":"2.0",'`) +
+		fmt.Sprintf(post, "twice", "TWICE", `'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"read_file","name":"delete_repo"}}'`) +
+		fmt.Sprintf(post, "batch", "BATCH", batch) +
+		`head -c 5000000 /dev/zero | tr '\0' a > out/big; ` + fmt.Sprintf(post, "large", "LARGE", "@out/big") +
+		`echo "PH=$MCP_TOKEN"; echo "SERVERS=$MOAT_MCP_SERVERS"; ./mcpclient https://mcp.test/mcp read_file delete_repo search_code`
+	r := moat(t, g.dir, g.env, "run", "--", "sh", "-c", script)
 	if r.code != 0 {
 		t.Fatalf("the guest's client: exit %d\nstdout: %s\nstderr: %s\n%s", r.code, r.stdout, r.stderr, g.daemonLog())
 	}
 	out := fields(r.stdout)
 	t.Logf("guest:\n%s", r.stdout)
+	for k, want := range map[string]string{"MALFORMED": "400", "TWICE": "400", "BATCH": "200", "LARGE": "413"} {
+		if out[k] != want {
+			t.Errorf("%s: HTTP %s, want %s", k, out[k], want)
+		}
+	}
+	if b := readFile(filepath.Join(g.dir, "out", "batch")); strings.Count(b, `"code":-32001`) != 2 || !strings.Contains(b, "batch was refused") {
+		t.Errorf("the mixed batch's answer: %s", b)
+	}
 
 	// The guest holds the placeholder, never the value; the server saw the value on every request.
 	if !strings.HasPrefix(out["PH"], "moat-ph-") || strings.Contains(r.stdout+r.stderr, value) {
@@ -176,6 +194,11 @@ func TestMCP(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
+		"tools   deny rule=",
+		"tools   deny rule=",
+		"tools tools/call read_file deny rule=read_file",
+		"tools tools/call delete_repo deny rule=!delete_*",
+		"tools   deny rule=",
 		"tools tools/call read_file allow rule=read_file",
 		"tools tools/call delete_repo deny rule=!delete_*",
 		"tools tools/call search_code allow rule=search_*",
