@@ -397,6 +397,7 @@ destroys it and removes the worktrees, keeping their branches.`,
 			if err := resources.RemoveStaleWait(dir); err != nil {
 				return fmt.Errorf("not destroyed: %w", err)
 			}
+			e.removeAgentState(rec) // its conversations into its project's (sessions.go)
 			if err := e.removeAll(dir); err != nil {
 				return fmt.Errorf("removing %s: %w", dir, err)
 			}

@@ -81,7 +81,9 @@ func daemonMain(dir string) int {
 	if ready != nil {
 		opts.Ready = ready
 	}
-	if err := daemon.Run(opts); err != nil {
+	err = daemon.Run(opts)
+	saveAgentState(dir, log) // the agents' conversations into the project's (sessions.go)
+	if err != nil {
 		log.Error("daemon stopped", "err", err)
 		return ExitError
 	}
@@ -151,6 +153,11 @@ func daemonOptions(dir string, log *slog.Logger, logOut io.Writer) (daemon.Optio
 		return none, err
 	}
 	plan.Shares = append(plan.Shares, tickets...)
+	agents, err := agentShares(e.dirs, rec, dir, log) // the agents' kept conversations (sessions.go)
+	if err != nil {
+		return none, err
+	}
+	plan.Shares = append(plan.Shares, agents...)
 	var imageEnv []string
 	if rec.Image != "host" {
 		store, err := e.images()

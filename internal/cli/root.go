@@ -169,6 +169,7 @@ Start here:
 	root.AddCommand(newSSHConfigCmd(), newSSHProxyCmd())
 	root.AddCommand(newGateCmd())
 	root.AddCommand(ticketCommands()...)
+	root.AddCommand(newSessionsCmd())
 	root.AddCommand(&cobra.Command{
 		Use:   "exit-codes",
 		Short: "What moat's exit codes mean",
