@@ -345,7 +345,7 @@ func (d *daemon) run() error {
 		d.o.Ready = nil
 	}
 	d.tasks.Go("elastic memory", func() { d.elastic(d.ctx) })
-	d.tasks.Go("handing the binary's pages back", func() { d.releaseText(d.ctx) })
+	d.releaseText(d.ctx) // pages.go
 
 	select {
 	case <-shim.done:
@@ -770,13 +770,7 @@ func (d *daemon) handleSSH(w http.ResponseWriter, r *http.Request) {
 		conn.Close()
 		return
 	}
-	defer func() {
-		if d.sess.leave() == 0 {
-			// Nothing to do until the next session: what this one
-			// mapped of the binary goes back (pages.go).
-			d.text.Release()
-		}
-	}()
+	defer d.sess.leave()
 	brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: " + control.UpgradeProto + "\r\n\r\n")
 	brw.Flush()
 	d.proxy.Serve(control.Hijacked(conn, brw.Reader))

@@ -88,12 +88,10 @@ func (g *idleGate) enter() bool {
 	return true
 }
 
-// leave counts a session's end and returns how many are still attached.
-func (g *idleGate) leave() int {
+func (g *idleGate) leave() {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.sessions--
-	return g.sessions
+	g.mu.Unlock()
 }
 
 func (g *idleGate) count() int {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"time"
 
 	"moat.dev/moat/internal/exemap"
 )
@@ -11,15 +10,9 @@ import (
 // fraction of the binary in use; package initialisation and the start
 // mapped much more of it. They hand those pages back to the page cache
 // (internal/exemap) once the sandbox runs, once the host's tools have
-// answered (the keeper's last work of a start), each time the last
-// session ends (the gate process), and every textReleaseEvery for what a
-// collection or a request mapped since.
-
-// textReleaseEvery is how often the keeper and the gate process hand back
-// the binary's pages. A release costs what runs next a minor fault per
-// window of pages it touches, all from the page cache: once a minute is
-// nothing to a busy gate and keeps an idle one from creeping back up.
-const textReleaseEvery = time.Minute
+// answered (the keeper's last work of a start), and after garbage
+// collections. Not when a session ends: the next one would fault back in
+// what the last mapped, a few milliseconds on every `moat exec`.
 
 // findText finds this process's mappings of the binary (d.text): early,
 // before any goroutine that releases them, and in the gate process before
@@ -34,9 +27,9 @@ func (d *daemon) findText() {
 	d.text = text
 }
 
-// releaseText hands the binary's pages back now and then every
-// textReleaseEvery until ctx ends.
+// releaseText hands the binary's pages back now and after collections
+// until ctx ends.
 func (d *daemon) releaseText(ctx context.Context) {
 	d.text.Release()
-	d.text.ReleaseEvery(ctx, textReleaseEvery)
+	d.text.ReleaseAfterGC(ctx)
 }

@@ -29,6 +29,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -40,7 +42,9 @@ type span struct{ start, end uintptr }
 // Text is the executable's read-only segments in this process, found once
 // with Find; the zero value and nil release nothing.
 type Text struct {
-	spans []span
+	spans    []span
+	gcGap    time.Duration // ReleaseAfterGC's least time between releases
+	releases atomic.Uint64 // how many times Release ran, for tests
 }
 
 // Find reads the executable's program headers through /proc/self/exe.
@@ -57,7 +61,7 @@ func Find() (*Text, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading the executable's program headers: %w", err)
 	}
-	return &Text{spans: spans}, nil
+	return &Text{spans: spans, gcGap: gcReleaseGap}, nil
 }
 
 // Release drops this process's page-table entries for the executable's
@@ -72,25 +76,45 @@ func (t *Text) Release() {
 		// is lost, and there is nothing to say.
 		unix.Syscall(unix.SYS_MADVISE, s.start, s.end-s.start, unix.MADV_DONTNEED)
 	}
+	t.releases.Add(1)
 }
 
-// ReleaseEvery calls Release every period until ctx ends: what a process
-// touched since (a collection reads type data, a request its handlers)
-// goes back too.
-func (t *Text) ReleaseEvery(ctx context.Context, every time.Duration) {
+// gcReleaseGap is the least time between two releases after collections:
+// a busy process collects many times a second, and would otherwise fault
+// its working set back in after each.
+const gcReleaseGap = 10 * time.Second
+
+// ReleaseAfterGC arranges for Release after each garbage collection, at
+// most once every gcReleaseGap, until ctx ends. A collection reads the
+// type data of every live object and runs much of the runtime, and the Go
+// runtime collects at least every two minutes even in a process that
+// allocates nothing: released only once, an idle process maps it all back
+// within minutes.
+func (t *Text) ReleaseAfterGC(ctx context.Context) {
 	if t == nil {
 		return
 	}
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	var last time.Time
+	var arm func()
+	arm = func() {
+		if ctx.Err() != nil {
 			return
-		case <-tick.C:
-			t.Release()
 		}
+		// Unreachable from the start, so the next collection that
+		// finishes after it was allocated runs the cleanup (in the
+		// runtime's cleanup goroutine, one at a time). A pointer field
+		// keeps it out of the tiny allocator, whose blocks are freed
+		// together.
+		sentinel := &struct{ p *int }{}
+		runtime.AddCleanup(sentinel, func(struct{}) {
+			if now := time.Now(); now.Sub(last) >= t.gcGap {
+				t.Release()
+				last = now
+			}
+			arm()
+		}, struct{}{})
 	}
+	arm()
 }
 
 // ELF64 constants (elf(5)); moat runs on 64-bit little-endian Linux only.

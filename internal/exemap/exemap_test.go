@@ -3,13 +3,16 @@ package exemap
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/binary"
 	"os"
 	"reflect"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -213,7 +216,48 @@ func TestRelease(t *testing.T) {
 func TestReleaseNil(t *testing.T) {
 	var text *Text
 	text.Release()
-	text.ReleaseEvery(t.Context(), 1)
+	text.ReleaseAfterGC(t.Context())
+}
+
+func TestReleaseAfterGC(t *testing.T) {
+	text := &Text{} // no gap
+	ctx, cancel := context.WithCancel(t.Context())
+	text.ReleaseAfterGC(ctx)
+	// Each collection releases once, in the runtime's cleanup
+	// goroutine: wait for it, bounded.
+	for want := uint64(1); want <= 3; want++ {
+		runtime.GC()
+		deadline := time.Now().Add(5 * time.Second)
+		for text.releases.Load() < want && time.Now().Before(deadline) {
+			runtime.GC()
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := text.releases.Load(); got < want {
+			t.Fatalf("after collections: %d releases, want %d", got, want)
+		}
+	}
+	// Once ctx ends, at most the one armed already runs.
+	cancel()
+	n := text.releases.Load()
+	for range 5 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := text.releases.Load(); got > n+1 {
+		t.Errorf("%d releases after ctx ended, want at most 1", got-n)
+	}
+}
+
+func TestReleaseAfterGCKeepsItsGap(t *testing.T) {
+	text := &Text{gcGap: time.Hour}
+	text.ReleaseAfterGC(t.Context())
+	for range 5 {
+		runtime.GC()
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := text.releases.Load(); got > 1 {
+		t.Errorf("%d releases within %v, want at most 1", got, text.gcGap)
+	}
 }
 
 // rssKB is the Rss of the mappings that start where spans do, in smaps.

@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/agent"
+	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/guestspec"
 )
 
@@ -76,6 +77,15 @@ func Init() int {
 	}
 	srv.Env = sessionEnv(spec.Env, caFile, stores) // read by sessions only, after ready
 	close(ready)
+	// What start-up mapped of the binary goes back to the page cache
+	// after collections (internal/exemap); runsc's processes hold the
+	// guest's mappings. Not at once: the first command follows, and
+	// faulting its pages back in would lengthen every cold start.
+	if text, err := exemap.Find(); err != nil {
+		log.Warn("the binary's pages stay mapped while idle", "err", err)
+	} else {
+		text.ReleaseAfterGC(ctx)
+	}
 
 	for sig := range sigs {
 		switch sig {

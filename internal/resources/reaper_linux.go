@@ -2,6 +2,7 @@ package resources
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -198,11 +199,13 @@ func Reap(stateDir string, daemonPID int) int {
 	}()
 	// Idle from here for as long as the daemon lives: what start-up
 	// mapped of the binary goes back to the page cache (internal/exemap),
-	// and the work after the daemon's death maps what it runs again.
+	// and what the runtime's collections map, and the work after the
+	// daemon's death maps what it runs again.
 	if text, err := exemap.Find(); err != nil {
 		logf("%v; the reaper keeps its pages of the binary mapped", err)
 	} else {
 		text.Release()
+		text.ReleaseAfterGC(context.Background())
 	}
 	for {
 		select {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -164,11 +165,12 @@ func superviseRunsc(p *Plan, bundle string) error {
 	}
 	// The shim waits from here until the sandbox exits: what setting it
 	// up mapped of the binary goes back to the page cache
-	// (internal/exemap).
+	// (internal/exemap), and what the runtime's collections map.
 	if text, err := exemap.Find(); err != nil {
 		fmt.Fprintf(os.Stderr, "moat shim: %v; keeping its pages of the binary mapped\n", err)
 	} else {
 		text.Release()
+		text.ReleaseAfterGC(context.Background())
 	}
 	words := readWords()
 	checkpointed, released := false, false
