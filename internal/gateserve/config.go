@@ -40,6 +40,10 @@ type Config struct {
 	// answered with the service's own address, and only its listeners'
 	// ports are served.
 	Names netip.Prefix
+	// Control, when set, is the control socket (control.go): a unix
+	// socket only the user who started the service may use, to push
+	// secret values and ask for a reload.
+	Control string
 
 	DNS, HTTP, HTTPS []netip.AddrPort
 	Metrics          netip.AddrPort // invalid: no metrics listener
@@ -61,6 +65,10 @@ type Tenant struct {
 	// secrets' placeholders are written to (NAME=placeholder lines), for
 	// whoever starts its clients.
 	Audit, Placeholders string
+	// Pushed names secrets of the tenant's policy files whose values the
+	// service does not read from their source: they come over the
+	// control socket, in memory only (control.go).
+	Pushed []string
 }
 
 // defaultUID is nobody's: a uid that owns nothing.
@@ -81,6 +89,7 @@ type rawService struct {
 	Answer   *string `toml:"answer"`
 	Audit    *string `toml:"audit"`
 	Names    *string `toml:"names"`
+	Control  *string `toml:"control"`
 }
 
 type rawListen struct {
@@ -99,6 +108,7 @@ type rawTenant struct {
 	Policy       []string `toml:"policy"`
 	Audit        *string  `toml:"audit"`
 	Placeholders *string  `toml:"placeholders"`
+	Pushed       []string `toml:"pushed"`
 }
 
 // ErrInvalid is matched by every error about the file's content.
@@ -229,6 +239,10 @@ func (c *checker) check(raw *rawConfig) *Config {
 		}
 	}
 
+	if p := raw.Service.Control; p != nil {
+		cfg.Control = c.absPath("service.control", *p)
+	}
+
 	cfg.DNS = c.addrs("listen.dns", raw.Listen.DNS, 53)
 	cfg.HTTP = c.addrs("listen.http", raw.Listen.HTTP, 80)
 	cfg.HTTPS = c.addrs("listen.https", raw.Listen.HTTPS, 443)
@@ -332,9 +346,38 @@ func (c *checker) check(raw *rawConfig) *Config {
 		if p := rt.Placeholders; p != nil {
 			t.Placeholders = c.absPath(key+".placeholders", *p)
 		}
+		t.Pushed = c.pushed(key+".pushed", rt.Pushed, cfg.Control)
 		cfg.Tenants = append(cfg.Tenants, t)
 	}
 	return cfg
+}
+
+// secretName is what a [secrets] table's name may be (an environment
+// variable's: the placeholder is handed out under it).
+var secretName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// pushed checks a tenant's pushed secret names: well formed, each once,
+// and a control socket to push them over. Whether each names a secret of
+// the tenant's policy files is checked when they are read.
+func (c *checker) pushed(key string, names []string, control string) []string {
+	if len(names) > 0 && control == "" {
+		c.fail(key, "needs service.control, the socket their values are pushed over; e.g. control = \"/run/moat-gate/control.sock\"")
+	}
+	seen := map[string]bool{}
+	var out []string
+	for _, n := range names {
+		switch {
+		case !secretName.MatchString(n):
+			c.fail(key, "%q is not a secret's name; name a [secrets.NAME] table of the tenant's policy files", n)
+		case seen[n]:
+			c.fail(key, "%q is named twice", n)
+		default:
+			seen[n] = true
+			out = append(out, n)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // names checks service.names: an IPv4 subnet with host bits zero, from /8

@@ -72,6 +72,9 @@ type Listeners struct {
 	// routes the range to it, and lives as long as the listener.
 	Names net.Listener
 	ic    *interception
+	// Control is the control socket's listener (control.go); nil
+	// without service.control.
+	Control *controlListener
 }
 
 // namesListener is where the names range's connections are handed: a
@@ -119,6 +122,13 @@ func Listen(cfg *Config) (*Listeners, error) {
 			return fail(err)
 		}
 	}
+	if cfg.Control != "" {
+		c, err := listenControl(cfg.Control)
+		if err != nil {
+			return fail(err)
+		}
+		l.Control = c
+	}
 	if cfg.Metrics.IsValid() {
 		t, err := net.Listen("tcp", cfg.Metrics.String())
 		if err != nil {
@@ -144,6 +154,9 @@ func (l *Listeners) Close() {
 	}
 	if l.Names != nil {
 		l.Names.Close()
+	}
+	if l.Control != nil {
+		l.Control.Close()
 	}
 	l.ic.Close()
 }
@@ -178,7 +191,10 @@ type Service struct {
 	unknown  *audit.Log // clients that are no tenant's
 	metrics  *metrics
 	started  time.Time
-	reloadMu sync.Mutex // one reload at a time
+	reloadMu sync.Mutex // one reload or push at a time
+	// pushed is each tenant's secret values pushed over the control
+	// socket (control.go), by tenant and secret: in memory only.
+	pushed map[string]map[string][]byte
 
 	// tenants is swapped whole by a reload.
 	tenants atomic.Pointer[tenantTable]
@@ -318,7 +334,7 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: reading its placeholders: %w", tc.Name, err)
 	}
-	set, err := resolveSecrets(r, old)
+	set, pending, err := resolveTenant(tc, r, old, nil)
 	if err != nil {
 		return nil, fmt.Errorf("tenant %s: reading its secrets: %w", tc.Name, err)
 	}
@@ -327,7 +343,9 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 			return nil, err
 		}
 	}
-	if err := writePlaceholders(tc.Placeholders, set.Placeholders()); err != nil {
+	creds := &credentials{}
+	creds.store(set, pending)
+	if err := writePlaceholders(tc.Placeholders, creds.placeholders()); err != nil {
 		return nil, fmt.Errorf("tenant %s: writing its placeholders: %w", tc.Name, err)
 	}
 	al, err := audit.OpenWith(tc.Audit, audit.Options{MaxBytes: int64(r.audit.MaxBytes), Retention: r.audit.Retention,
@@ -336,8 +354,7 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 		return nil, fmt.Errorf("tenant %s: opening its audit log: %w", tc.Name, err)
 	}
 	al.Tap(s.metrics.tap(tc.Name))
-	t := &tenant{cfg: tc, creds: &credentials{}, audit: al, dnsSem: make(chan struct{}, dnsLimit(r.network)), fixed: fixedOf(r.network)}
-	t.creds.cur.Store(set)
+	t := &tenant{cfg: tc, creds: creds, audit: al, dnsSem: make(chan struct{}, dnsLimit(r.network)), fixed: fixedOf(r.network)}
 	host := s.host
 	t.gate = gate.New(gate.Options{
 		Sandbox:        tc.Name,
@@ -415,6 +432,9 @@ func (s *Service) Serve(ctx context.Context) error {
 	}
 	if s.l.Metrics != nil {
 		run(func() { s.serveMetrics(ctx, s.l.Metrics) })
+	}
+	if s.l.Control != nil {
+		run(func() { s.serveControl(ctx, s.l.Control) })
 	}
 	<-ctx.Done()
 	s.l.Close()
@@ -597,9 +617,16 @@ func addrPortOf(a net.Addr) netip.AddrPort {
 // change (listeners, the state directory, the uid, the set of tenants,
 // audit and placeholder files) is refused with the old configuration
 // kept: restart the service for those.
+//
+// Pushed secrets keep the values pushed so far (control.go).
 func (s *Service) Reload() error {
 	s.reloadMu.Lock()
 	defer s.reloadMu.Unlock()
+	return s.reload(s.pushed)
+}
+
+// reload is Reload with pushed as the pushed values; reloadMu is held.
+func (s *Service) reload(pushed map[string]map[string][]byte) error {
 	cfg, err := LoadConfig(s.cfg.Path)
 	if err != nil {
 		return err
@@ -609,10 +636,10 @@ func (s *Service) Reload() error {
 	}
 	cur := s.tenants.Load()
 	type next struct {
-		t   *tenant
-		cfg Tenant
-		r   *rules
-		set *secret.Set
+		t            *tenant
+		cfg          Tenant
+		r            *rules
+		set, pending *secret.Set
 	}
 	var nexts []next
 	for _, tc := range cfg.Tenants {
@@ -621,11 +648,11 @@ func (s *Service) Reload() error {
 		if err != nil {
 			return err
 		}
-		set, err := resolveSecrets(r, t.creds.cur.Load().Placeholders())
+		set, pending, err := resolveTenant(tc, r, t.creds.placeholders(), pushed[tc.Name])
 		if err != nil {
 			return fmt.Errorf("tenant %s: reading its secrets: %w", tc.Name, err)
 		}
-		nexts = append(nexts, next{t, tc, r, set})
+		nexts = append(nexts, next{t, tc, r, set, pending})
 	}
 	var ts []*tenant
 	for _, n := range nexts {
@@ -635,8 +662,8 @@ func (s *Service) Reload() error {
 		}
 		n.t.gate.SetPolicy(n.r.policy)
 		n.t.gate.SetReport(n.r.network.Mode == config.ModeReport)
-		n.t.creds.cur.Store(n.set)
-		if err := writePlaceholders(n.cfg.Placeholders, n.set.Placeholders()); err != nil {
+		n.t.creds.store(n.set, n.pending)
+		if err := writePlaceholders(n.cfg.Placeholders, n.t.creds.placeholders()); err != nil {
 			s.log.Error("gate service: writing placeholders after a reload", "tenant", n.cfg.Name, "err", err)
 		}
 		// The tenant's struct is shared with its open connections: a
@@ -664,6 +691,8 @@ func fixedChanged(a, b *Config) string {
 		return "service.answer"
 	case a.Names != b.Names:
 		return "service.names"
+	case a.Control != b.Control:
+		return "service.control"
 	case a.Audit != b.Audit:
 		return "service.audit"
 	case !slices.Equal(a.DNS, b.DNS) || !slices.Equal(a.HTTP, b.HTTP) || !slices.Equal(a.HTTPS, b.HTTPS) || a.Metrics != b.Metrics:

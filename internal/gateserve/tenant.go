@@ -58,7 +58,7 @@ func readRules(t Tenant, system *x509.CertPool) (*rules, error) {
 		return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 	}
 	for name, s := range merged.Secrets {
-		if strings.HasPrefix(s.From, "command:") {
+		if strings.HasPrefix(s.From, "command:") && !slices.Contains(t.Pushed, name) {
 			return nil, fmt.Errorf("tenant %s: secret %s (%s): the gate service runs jailed and cannot run commands; read it from env: or file:", t.Name, name, s.Source)
 		}
 	}
@@ -112,13 +112,25 @@ func resolveSecrets(r *rules, placeholders map[string]string) (*secret.Set, erro
 }
 
 // credentials is a tenant's secrets, swapped whole on reload: a request
-// sees one set or the other, never a mix.
-type credentials struct{ cur atomic.Pointer[secret.Set] }
+// sees one set or the other, never a mix. pending is the pushed secrets
+// that have no value yet (control.go); nil: none.
+type credentials struct {
+	cur     atomic.Pointer[secret.Set]
+	pending atomic.Pointer[secret.Set]
+}
 
 var _ gate.Credentials = (*credentials)(nil)
 
-func (c *credentials) Bound(host string) bool { return c.cur.Load().Bound(host) }
+// Bound counts a pending secret's hosts too: their traffic must be
+// intercepted to be refused, not spliced past the gate.
+func (c *credentials) Bound(host string) bool {
+	return c.cur.Load().Bound(host) || c.pending.Load().Bound(host)
+}
+
 func (c *credentials) Request(host string, h http.Header, u *url.URL) (secret.Applied, error) {
+	if p := c.pending.Load(); p.Bound(host) {
+		return nil, pendingError(p)
+	}
 	return c.cur.Load().Request(host, h, u)
 }
 func (c *credentials) ScrubHeader(h http.Header)               { c.cur.Load().ScrubHeader(h) }

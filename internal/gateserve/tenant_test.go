@@ -33,3 +33,19 @@ func TestPolicyListRefused(t *testing.T) {
 		t.Fatalf("readRules of an inline policy: %v", err)
 	}
 }
+
+// TestPushedCommandSecret: a command: secret is refused (the jail cannot
+// run it) unless its value is pushed over the control socket.
+func TestPushedCommandSecret(t *testing.T) {
+	pol := filepath.Join(t.TempDir(), "alpha.toml")
+	body := "[network]\nallow = [\"api.test\"]\n[secrets.TOKEN]\nfrom = \"command:pass show token\"\nhosts = [\"api.test\"]\n"
+	if err := os.WriteFile(pol, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readRules(Tenant{Name: "alpha", Policy: []string{pol}}, nil); err == nil || !strings.Contains(err.Error(), "cannot run commands") {
+		t.Errorf("a command: secret not pushed: %v; want it refused", err)
+	}
+	if _, err := readRules(Tenant{Name: "alpha", Policy: []string{pol}, Pushed: []string{"TOKEN"}}, nil); err != nil {
+		t.Errorf("a pushed command: secret: %v", err)
+	}
+}
