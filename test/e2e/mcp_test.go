@@ -215,6 +215,28 @@ func TestMCP(t *testing.T) {
 	if d := moat(t, g.dir, g.env, "network", "denials", g.name); strings.Contains(d.stdout, "mcp.test") {
 		t.Errorf("moat network denials lists the MCP server:\n%s", d.stdout)
 	}
+
+	// The cost of a tool call: the same client and calls from the guest through the gate, and
+	// from the host straight to the server. Figures for docs/mcp.md; no bound is checked.
+	t.Run("bench", func(t *testing.T) {
+		const calls = "300"
+		r := moat(t, g.dir, g.env, "run", "--", "./mcpclient", "bench", "https://mcp.test/mcp", calls)
+		if r.code != 0 {
+			t.Fatalf("through the gate: exit %d\n%s", r.code, r.stderr)
+		}
+		gate := fields(r.stdout)
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(g.dir, "mcpclient"), "bench", "https://mcp.test/mcp", calls)
+		cmd.Env = append(os.Environ(), "MCP_DIAL="+mcpIP+":443", "SSL_CERT_FILE="+g.ca, "MCP_TOKEN="+value)
+		b, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("direct: %v", err)
+		}
+		direct := fields(string(b))
+		t.Logf("tool call x%s   gate p50 %s us p99 %s us %s calls/s   direct p50 %s us p99 %s us %s calls/s",
+			calls, gate["P50_US"], gate["P99_US"], gate["PER_S"], direct["P50_US"], direct["P99_US"], direct["PER_S"])
+	})
 }
 
 // TestMCPAgents: the real Claude Code and Codex, installed from their npm packages. Claude Code,

@@ -8,13 +8,20 @@
 //
 //	mcpclient URL TOOL...
 //	mcpclient serve
+//	mcpclient bench URL N     N calls of read_file: p50, p99, calls/s
+//
+// MCP_DIAL=ip:port dials there whatever the URL's host (the test's
+// direct run on the host, which has no name for the server).
 package main
 
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -26,8 +33,18 @@ type bearer struct{ token string }
 func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+b.token)
-	return http.DefaultTransport.RoundTrip(r)
+	return transport.RoundTrip(r)
 }
+
+var transport = func() http.RoundTripper {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	if a := os.Getenv("MCP_DIAL"); a != "" {
+		t.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", a)
+		}
+	}
+	return t
+}()
 
 func main() {
 	if len(os.Args) < 2 {
@@ -36,6 +53,10 @@ func main() {
 	}
 	if os.Args[1] == "serve" {
 		serve()
+		return
+	}
+	if os.Args[1] == "bench" && len(os.Args) == 4 {
+		bench(os.Args[2], os.Args[3])
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -88,4 +109,38 @@ func serve() {
 		fmt.Fprintln(os.Stderr, "serving:", err)
 		os.Exit(1)
 	}
+}
+
+// bench calls read_file n times over one session and prints the
+// latencies' p50 and p99 and the calls per second.
+func bench(url, ns string) {
+	n, err := strconv.Atoi(ns)
+	if err != nil || n < 1 {
+		fmt.Fprintln(os.Stderr, "bench: N must be a positive number")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := mcp.NewClient(&mcp.Implementation{Name: "moat-e2e-bench", Version: "v1"}, nil)
+	s, err := c.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url,
+		HTTPClient: &http.Client{Transport: bearer{os.Getenv("MCP_TOKEN")}}, DisableStandaloneSSE: true, MaxRetries: -1}, nil)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "connecting:", err)
+		os.Exit(1)
+	}
+	defer s.Close()
+	lat := make([]time.Duration, 0, n)
+	start := time.Now()
+	for range n {
+		t := time.Now()
+		if _, err := s.CallTool(ctx, &mcp.CallToolParams{Name: "read_file", Arguments: map[string]any{"q": "x"}}); err != nil {
+			fmt.Fprintln(os.Stderr, "calling:", err)
+			os.Exit(1)
+		}
+		lat = append(lat, time.Since(t))
+	}
+	total := time.Since(start)
+	slices.Sort(lat)
+	fmt.Printf("CALLS=%d\nP50_US=%d\nP99_US=%d\nPER_S=%.0f\n", n, lat[n*50/100].Microseconds(),
+		lat[min(n-1, n*99/100)].Microseconds(), float64(n)/total.Seconds())
 }
