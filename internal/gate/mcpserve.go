@@ -52,7 +52,6 @@ type mcpState struct {
 	server *MCPServer
 	calls  []mcpCall
 	lists  bool // the request asks for a listing: its JSON answer is filtered
-	would  bool // report mode let refused calls through
 }
 
 // mcpFor is the declared server whose URL r is on, or nil.
@@ -153,12 +152,10 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 	// The answer is read to filter it: asked for as identity (one that
 	// comes compressed anyway is decompressed, see mcpAnswer).
 	r.Header.Del("Accept-Encoding")
-	if !d.Allowed() {
-		if !g.report.Load() {
-			g.mcpRefuseCalls(w, rs, d)
-			return false
-		}
-		st.would = true
+	if !d.Allowed() && !g.report.Load() {
+		// In report mode refused calls go on, audited would_deny.
+		g.mcpRefuseCalls(w, rs, d)
+		return false
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	r.ContentLength = int64(len(body))
@@ -211,8 +208,11 @@ func (g *Gate) mcpRefuseCalls(w http.ResponseWriter, rs *reqState, d *mcpBody) {
 // rule, and what allows it.
 func (s *MCPServer) refusal(c mcpCall) string {
 	what, list := fmt.Sprintf("%s %q", c.Method, c.Tool), "tools"
-	if c.Tool == "" {
+	switch {
+	case c.URI != "":
 		what, list = fmt.Sprintf("%s %q", c.Method, c.URI), "resources"
+	case c.Tool == "":
+		what = c.Method
 	}
 	where := fmt.Sprintf("[mcp.%s] %s in %s", s.Name, list, s.Source)
 	name := c.Tool + c.URI

@@ -255,13 +255,14 @@ func TestMCPOverTLS(t *testing.T) {
 	}
 
 	// A batch with one refused member is refused whole; nothing of it arrives.
-	_, body, _ = f.post(t, "/mcp", "["+call(4, "read_file")+","+call(5, "delete_repo")+"]")
+	_, body, _ = f.post(t, "/mcp", "["+call(4, "read_file")+","+call(5, "delete_repo")+`,{"jsonrpc":"2.0","id":6,"method":"tools/list"}]`)
 	var batch []struct {
 		ID    int
 		Error struct{ Message string }
 	}
-	if json.Unmarshal([]byte(body), &batch) != nil || len(batch) != 2 ||
-		!strings.Contains(batch[0].Error.Message, "same batch was refused") || !strings.Contains(batch[1].Error.Message, "delete_repo") {
+	if json.Unmarshal([]byte(body), &batch) != nil || len(batch) != 3 ||
+		!strings.Contains(batch[0].Error.Message, "same batch was refused") || !strings.Contains(batch[1].Error.Message, "delete_repo") ||
+		!strings.Contains(batch[2].Error.Message, `refused tools/list on MCP server "gh": another call`) {
 		t.Errorf("mixed batch: %q", body)
 	}
 
@@ -303,6 +304,7 @@ func TestMCPOverTLS(t *testing.T) {
 		`deny search_private_x blocked by MCP rule rule="!search_private*"`,
 		`deny read_file refused with its batch rule="read_file"`,
 		`deny delete_repo no MCP rule allows it rule=""`,
+		`deny  refused with its batch rule=""`,
 		`deny  malformed MCP message rule=""`,
 		`deny  malformed MCP message rule=""`,
 		`deny  MCP message too large rule=""`,
