@@ -115,6 +115,9 @@ func (d *daemon) holdOf(p gate.Pending) *control.Hold {
 		Proto: "tcp", Process: p.Process, Since: p.Since, Expires: p.Expires, Count: p.Count, Suggest: suggestEntry(p.Q)}
 	if p.Q.Kind != "" {
 		h.Kind, h.Proto, h.Addr, h.Suggest = p.Q.Kind, "ssh-agent", "", ""
+		if p.Q.Kind == gate.KindMCPTool {
+			h.Proto = "mcp"
+		}
 		return h
 	}
 	if p.Q.Name != "" {
@@ -310,6 +313,14 @@ func (d *daemon) applyAnswer(p gate.Pending, a control.Answer) (control.AnswerRe
 			return res, nil
 		}
 		return res, errAnswer{control.ErrSignAnswer.Error()}
+	}
+	if p.Q.Kind == gate.KindMCPTool {
+		// A tool call: this call, yes or no. A lasting yes is a pattern
+		// in the server's tools (docs/mcp.md).
+		if a.Answer == control.AnswerOnce || a.Answer == control.AnswerDeny {
+			return res, nil
+		}
+		return res, errAnswer{fmt.Sprintf("a tool call is answered once or deny, not %q; to allow the tool for good, add it to the server's tools and run moat up --reconfigure", a.Answer)}
 	}
 	entry := suggestEntry(p.Q)
 	switch a.Answer {

@@ -50,6 +50,10 @@ type Question struct {
 // KindSSHSign is the Kind of an ssh-agent signature question.
 const KindSSHSign = "ssh-sign"
 
+// KindMCPTool is the Kind of a call to an MCP server's tool that no
+// pattern decides: Name is "SERVER TOOL" (mcpserve.go).
+const KindMCPTool = "mcp-tool"
+
 // Key is the destination the hold coalesces on.
 func (q Question) Key() string {
 	if q.Kind != "" {

@@ -141,6 +141,9 @@ type mcpCall struct {
 	Allow   bool
 	Rule    string
 	Reason  audit.Reason
+	// Granted is the watcher's answer that let an undecided call
+	// through ("" when none did).
+	Granted string
 }
 
 // mcpBody is a request body, parsed and decided.

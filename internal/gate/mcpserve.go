@@ -17,6 +17,7 @@ package gate
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -148,6 +149,7 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 		g.mcpRefuseBody(w, rs, http.StatusBadRequest, audit.ReasonMCPMalformed, d.Malformed)
 		return false
 	}
+	g.mcpHold(r.Context(), s, d)
 	st.calls, st.lists = d.Calls, d.ListsTools()
 	// The answer is read to filter it: asked for as identity (one that
 	// comes compressed anyway is decompressed, see mcpAnswer).
@@ -162,6 +164,34 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 	r.TransferEncoding = nil
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	return true
+}
+
+// mcpHold asks a watcher about a call no pattern decides, as the gate
+// asks about a destination no rule decides: one tools/call alone in its
+// body (a batch is decided by its rules only), held until a watcher
+// answers or the hold times out. A watcher's yes lets this call through
+// and adds no pattern. With no watcher attached nothing waits.
+func (g *Gate) mcpHold(ctx context.Context, s *MCPServer, d *mcpBody) {
+	if g.o.Holds == nil || d.Batch || len(d.Calls) != 1 {
+		return
+	}
+	c := &d.Calls[0]
+	if c.Allow || c.Reason != audit.ReasonMCPNoRule || c.Method != "tools/call" || g.report.Load() {
+		return
+	}
+	out := g.o.Holds.Ask(ctx, Question{Kind: KindMCPTool, Name: s.Name + " " + c.Tool})
+	switch {
+	case out.Allow:
+		c.Allow, c.Granted, c.Reason = true, out.Answer, audit.WatcherAllowed(out.Answer)
+	case out.By == ByWatcher:
+		c.Reason = audit.ReasonWatcherDenied
+	case out.By == ByTimeout:
+		c.Reason = audit.HeldTimedOut(g.o.Holds.Timeout())
+	case out.By == ByOverflow:
+		c.Reason = audit.HeldOverflow(g.o.Holds.Max())
+	case out.By == ByClosed:
+		c.Reason = audit.ReasonWatcherLeft
+	}
 }
 
 // mcpRefuseBody answers a body the gate could not decide on: one
@@ -229,8 +259,11 @@ func (s *MCPServer) refusal(c mcpCall) string {
 	case audit.ReasonMCPBatch:
 		why = "another call in the same batch was refused, and a batch goes whole or not at all"
 		fix = "send the calls one by one"
-	default:
+	case audit.ReasonMCPNoRule:
 		why = "no pattern of " + where + " allows it"
+	default:
+		why = "no pattern of " + where + " allows it, and " + string(c.Reason)
+		fix += " (or answer the hold in moat network watch)"
 	}
 	return fmt.Sprintf("moat: the gate refused %s on MCP server %q: %s; it was not sent. %s.",
 		what, s.Name, why, strings.ToUpper(fix[:1])+fix[1:])
@@ -280,6 +313,9 @@ func (g *Gate) mcpRecord(rs *reqState, c mcpCall) audit.Record {
 	}
 	if rec.Rule != "" {
 		rec.Layer = "mcp." + s.Name
+	}
+	if c.Granted != "" {
+		rec.Rule, rec.Layer = c.Granted, "interactive"
 	}
 	if s.AuditArguments && len(c.Args) > 0 {
 		a := string(c.Args)

@@ -122,6 +122,11 @@ func newMCPFixture(t testing.TB, s MCPServer, allow ...string) *mcpFixture {
 
 // newMCPFixtureWith is newMCPFixture, with or without the secret.
 func newMCPFixtureWith(t testing.TB, s MCPServer, withSecret bool, allow ...string) *mcpFixture {
+	return newMCPFixtureHolds(t, s, withSecret, nil, allow...)
+}
+
+// newMCPFixtureHolds is newMCPFixtureWith with the interactive gate's holds.
+func newMCPFixtureHolds(t testing.TB, s MCPServer, withSecret bool, holds *Holds, allow ...string) *mcpFixture {
 	t.Helper()
 	ca, err := tlsca.LoadOrCreate(t.TempDir())
 	if err != nil {
@@ -178,7 +183,7 @@ func newMCPFixtureWith(t testing.TB, s MCPServer, withSecret bool, allow ...stri
 		Resolver: NewResolver(ResolverOptions{Servers: []netip.AddrPort{dns.addr}}),
 		Audit:    al, Ledger: f.ledger, PeekTimeout: 2 * time.Second, DialTimeout: 2 * time.Second,
 		Certs: ca, UpstreamRoots: upRoots, Credentials: gc,
-		MCP: []MCPServer{s},
+		MCP: []MCPServer{s}, Holds: holds,
 	})
 	f.c = f.client(t, false, f.roots)
 	return f
@@ -388,4 +393,59 @@ func TestMCPFiltersCompressedAnswers(t *testing.T) {
 		t.Errorf("compressed tools/list: %v %q", err, body)
 	}
 	f.done(t, f.c)
+}
+
+// A call no pattern decides waits for a watcher, as a destination does:
+// "once" lets that call through, "deny" refuses it; a call a "!" pattern
+// refuses is never asked about.
+func TestMCPCallHeldForAWatcher(t *testing.T) {
+	holds := NewHolds(HoldsOptions{Timeout: 5 * time.Second})
+	var asked sync.Map
+	_, detach := holds.Watch(func(e HoldEvent) {
+		if e.Kind != HoldNew {
+			return
+		}
+		asked.Store(e.Pending.Q.Name, e.Pending.Q.Kind)
+		go func() {
+			p, ok := holds.Take(e.Pending.ID)
+			if !ok {
+				return
+			}
+			answer := "deny"
+			if strings.HasSuffix(p.Q.Name, " create_issue") {
+				answer = "once"
+			}
+			holds.Finish(p.ID, Outcome{Allow: answer == "once", Answer: answer, By: ByWatcher})
+		}()
+	})
+	defer detach()
+	f := newMCPFixtureHolds(t, testMCP, true, holds)
+	if _, body, _ := f.post(t, "/mcp", call(1, "create_issue")); !strings.Contains(body, "ran create_issue") {
+		t.Errorf("answered once: %q", body)
+	}
+	if _, body, _ := f.post(t, "/mcp", call(2, "drop_table")); !strings.Contains(body, "denied by a watcher") {
+		t.Errorf("answered deny: %q", body)
+	}
+	if _, body, _ := f.post(t, "/mcp", call(3, "delete_repo")); !strings.Contains(body, "denied by a watcher") {
+		t.Errorf("no rule, denied: %q", body)
+	}
+	if _, body, _ := f.post(t, "/mcp", call(4, "search_private_x")); !strings.Contains(body, "!search_private*") {
+		t.Errorf("a ! pattern: %q", body)
+	}
+	if k, _ := asked.Load("gh create_issue"); k != KindMCPTool {
+		t.Errorf("create_issue was asked about as %v", k)
+	}
+	if _, ok := asked.Load("gh search_private_x"); ok {
+		t.Error("a call a ! pattern refuses was held")
+	}
+	got := mcpRecords(f.done(t, f.c))
+	want := []string{
+		`allow create_issue allowed by a watcher (once) rule="once"`,
+		`deny drop_table denied by a watcher rule=""`,
+		`deny delete_repo denied by a watcher rule=""`,
+		`deny search_private_x blocked by MCP rule rule="!search_private*"`,
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("records:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }
