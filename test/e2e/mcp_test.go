@@ -23,6 +23,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/test/inet"
 )
@@ -72,7 +73,8 @@ func newMCPServer(value string, log *mcpServerLog) http.Handler {
 	type in struct {
 		Q string `json:"q"`
 	}
-	for _, name := range []string{"search_code", "read_file", "delete_repo"} {
+	// create_issue: no pattern of mcpToml names it (a watcher decides it).
+	for _, name := range []string{"search_code", "read_file", "delete_repo", "create_issue"} {
 		mcp.AddTool(s, &mcp.Tool{Name: name, Description: "test tool " + name},
 			func(ctx context.Context, req *mcp.CallToolRequest, args in) (*mcp.CallToolResult, any, error) {
 				log.add(name)
@@ -215,6 +217,32 @@ func TestMCP(t *testing.T) {
 	if d := moat(t, g.dir, g.env, "network", "denials", g.name); strings.Contains(d.stdout, "mcp.test") {
 		t.Errorf("moat network denials lists the MCP server:\n%s", d.stdout)
 	}
+
+	// A call no pattern decides waits for a watcher: once lets it through, deny refuses it.
+	t.Run("watcher", func(t *testing.T) {
+		w := attachWatcher(t, g)
+		run := startGuest(t, g, "./mcpclient https://mcp.test/mcp create_issue create_issue")
+		isHold := func(not string) func(control.Event) bool {
+			return func(ev control.Event) bool {
+				return ev.Type == control.EventHold && ev.Hold != nil && ev.Hold.Kind == "mcp-tool" &&
+					ev.Hold.Name == "tools create_issue" && ev.Hold.ID != not
+			}
+		}
+		first := w.waitFor(t, "hold of create_issue", isHold("")).Hold
+		if first.Proto != "mcp" {
+			t.Errorf("hold %+v", first)
+		}
+		answer(t, w, first, control.AnswerOnce, "")
+		second := w.waitFor(t, "second hold of create_issue", isHold(first.ID)).Hold
+		answer(t, w, second, control.AnswerDeny, "")
+		out := fields(run.wait(t))
+		if out["OK_create_issue"] != "ran create_issue" || !strings.Contains(out["ERR_create_issue"], "denied by a watcher") {
+			t.Errorf("guest: %q", out)
+		}
+		if ran, _ := log.snapshot(); strings.Count(strings.Join(ran, ","), "create_issue") != 1 {
+			t.Errorf("the server ran %q; create_issue once", ran)
+		}
+	})
 
 	// The cost of a tool call: the same client and calls from the guest through the gate, and
 	// from the host straight to the server. Figures for docs/mcp.md; no bound is checked.
