@@ -18,6 +18,7 @@ import (
 	"moat.dev/moat/internal/dockerrt"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/secret"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 )
@@ -119,6 +120,11 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 			return nil, codef(ExitUsage, "%s=%q: write a subnet, e.g. 198.51.100.0/24", dockerEgressEnv, v)
 		}
 	}
+	policy := []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")}
+	secrets, err := dockerSecrets(ctx, policy)
+	if err != nil {
+		return nil, fmt.Errorf("sandbox %q: reading secrets on the host: %w", rec.Name, err)
+	}
 	// One start at a time, as for gVisor (startSession): two sessions
 	// starting a cold sandbox would each remove what the other made.
 	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
@@ -127,8 +133,7 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	}
 	r, err := h.Up(ctx, dockerrt.Options{
 		Dir: dir, Moat: e.exe, Gate: gate, Workspace: rec.Workspace, Guest: g,
-		Policy:   []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")},
-		Upstream: upstream, EgressSubnet: egress,
+		Policy: policy, Upstream: upstream, EgressSubnet: egress, Secrets: secrets,
 	})
 	unlock()
 	if err != nil {
@@ -157,6 +162,37 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	}
 	conn.SetDeadline(time.Time{})
 	return ssh.NewClient(cc, chans, reqs), nil
+}
+
+// dockerSecrets reads, on the host, the values of the secrets a Docker
+// sandbox's gate takes over its control socket (dockerrt.Policy.Pushed:
+// env: from moat's own environment, command: run here, as a gVisor
+// sandbox's keeper reads them). They go to moat-docker on its stdin,
+// which pushes them to the gate: never into a container's environment,
+// an argument or a file.
+func dockerSecrets(ctx context.Context, policy []string) (map[string]string, error) {
+	pol, err := dockerrt.ReadPolicy(policy, func(p string) (string, error) { return p, nil })
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, name := range pol.PushedNames() {
+		from := pol.Pushed[name]
+		if v, ok := strings.CutPrefix(from, "env:"); ok {
+			val, ok := os.LookupEnv(v)
+			if !ok {
+				return nil, fmt.Errorf("secret %s: %s is not set on the host; export %s, or remove [secrets.%s]", name, from, v, name)
+			}
+			out[name] = val
+			continue
+		}
+		b, err := secret.ReadOne(ctx, name, config.Secret{Name: name, From: from})
+		if err != nil {
+			return nil, err
+		}
+		out[name] = string(b)
+	}
+	return out, nil
 }
 
 // gvisorOnly refuses, for a Docker sandbox, what only moat's own runtime

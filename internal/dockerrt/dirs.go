@@ -40,9 +40,34 @@ type Options struct {
 	// choice. Tests set it to a documentation range that the gate does
 	// not refuse, where they serve the positive control.
 	EgressSubnet netip.Prefix `json:"egress_subnet,omitzero"`
+	// Secrets are the values of the env: and command: secrets
+	// (Policy.Pushed), read by moat on the host, which moat-docker pushes
+	// over the gate's control socket once it serves and before the
+	// workload runs. They travel on moat-docker's stdin only: never an
+	// argument, an environment variable or a file.
+	Secrets map[string]string `json:"secrets,omitempty"`
 	// Warn receives what the user should know (a shared kernel, dropped
 	// secrets): moat-docker's stderr, which moat passes on.
 	Warn io.Writer `json:"-"`
+}
+
+// ReadPolicy reads the tenant's policy files that exist, lowest layer
+// first, and merges them (PolicyFile); trust maps each [network] trust
+// path to the gate's copy.
+func ReadPolicy(paths []string, trust func(string) (string, error)) (*Policy, error) {
+	files := map[string][]byte{}
+	var order []string
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		files[p], order = b, append(order, p)
+	}
+	return PolicyFile(files, order, trust)
 }
 
 // WriteGateDir writes gate/ in the sandbox's state directory: the
@@ -58,18 +83,6 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 	}
 	// Read again as service.uid on reload.
 	os.Chmod(dir, 0o755)
-	files := map[string][]byte{}
-	var order []string
-	for _, p := range o.Policy {
-		b, err := os.ReadFile(p)
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return "", nil, err
-		}
-		files[p], order = b, append(order, p)
-	}
 	n := 0
 	trust := func(p string) (string, error) {
 		b, err := os.ReadFile(p)
@@ -83,18 +96,18 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 		}
 		return gateDir + "/" + name, nil
 	}
-	pol, err := PolicyFile(files, order, trust)
+	pol, err := ReadPolicy(o.Policy, trust)
 	if err != nil {
 		return "", nil, err
 	}
 	if len(pol.Dropped) > 0 && o.Warn != nil {
-		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: secrets %s are not handed to the gate (only from = \"file:...\" secrets are; an env: value would sit in the container's environment, which docker inspect shows); requests carry their placeholders unchanged\n",
+		fmt.Fprintf(o.Warn, "moat: sandbox %q on Docker: secrets %s are not handed to the gate: a file: source must be an absolute path; requests carry their placeholders unchanged\n",
 			r.Name, strings.Join(pol.Dropped, ", "))
 	}
 	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol.TOML, 0o644); err != nil {
 		return "", nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.Subnet, r.GateIP, r.WorkloadIP, o.Upstream), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.Subnet, r.GateIP, r.WorkloadIP, o.Upstream, pol.PushedNames()), 0o644); err != nil {
 		return "", nil, err
 	}
 	binds := []string{dir + ":" + gateDir}

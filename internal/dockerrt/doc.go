@@ -18,11 +18,19 @@
 //	                  (Subnet): .1 is the host's bridge, .2 the gate, .3
 //	                  the workload. Fixed addresses, because the gate's
 //	                  configuration names the workload as its tenant before
-//	                  either container starts.
+//	                  either container starts. Docker assigns from the
+//	                  lower half only (AssignRange); the upper half is the
+//	                  gate's names range (NamesRange), so TCP to any port
+//	                  is decided by name.
 //	moat-NAME-egress  an ordinary bridge: the gate's way out.
 //	moat-NAME-gate    `moat-gate serve` (internal/gateserve) from a FROM
 //	                  scratch image holding the moat-gate binary, on both
-//	                  networks; DNS, HTTP and HTTPS on its internal address.
+//	                  networks; DNS, HTTP and HTTPS on its internal address;
+//	                  its control socket in gate/control/ of the state
+//	                  directory (ControlSocket), where moat-docker pushes
+//	                  the values of env: and command: secrets once the
+//	                  gate serves and before the workload starts, and
+//	                  again at every session (PushSecrets).
 //	moat-NAME-work    the workload image, on the internal network only,
 //	                  with moat init (internal/guest) as PID 1 and the
 //	                  guest agent on .3:22, which the host reaches over the
@@ -54,6 +62,11 @@
 //	moat-docker prepare DIR NAME IMAGE  the record it wrote to DIR
 //	moat-docker up                      the record, once the guest agent answers;
 //	                                    stdin: Options as JSON, "schema" 1
+//	                                    (with "secrets", the values moat read
+//	                                    on the host: stdin is the only way
+//	                                    they reach moat-docker, whose
+//	                                    environment is DOCKER_* and the
+//	                                    basics, never moat's)
 //	moat-docker stop DIR                {"schema":1}
 //	moat-docker down DIR                {"schema":1}
 //

@@ -110,6 +110,7 @@ func (h Helper) run(ctx context.Context, stdin []byte, out any, op string, args 
 	// cancels what it does and removes a half-made start's containers.
 	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
 	cmd.WaitDelay = stopGrace
+	cmd.Env = helperEnv(os.Environ())
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
@@ -146,6 +147,22 @@ func (h Helper) run(ctx context.Context, stdin []byte, out any, op string, args 
 		return fmt.Errorf("reading what %s %s answered: %w", h.Path, op, err)
 	}
 	return nil
+}
+
+// helperEnv is the part of moat's environment moat-docker gets: what the
+// Docker client reads (DOCKER_*), and the basics. moat's environment
+// holds the values of env: secrets, which moat-docker gets on its stdin
+// when it needs them, never in its /proc/PID/environ.
+func helperEnv(env []string) []string {
+	var out []string
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		switch {
+		case strings.HasPrefix(k, "DOCKER_"), k == "PATH", k == "HOME", k == "TMPDIR", k == "LANG", strings.HasPrefix(k, "LC_"):
+			out = append(out, kv)
+		}
+	}
+	return out
 }
 
 // relay passes moat-docker's stderr on, line by line, and returns its

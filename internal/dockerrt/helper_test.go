@@ -134,3 +134,25 @@ func TestHelperMissing(t *testing.T) {
 		t.Errorf("err = %v, want one naming moat-docker", err)
 	}
 }
+
+// moat's environment holds env: secrets' values: moat-docker gets only
+// what the Docker client and its basics read.
+func TestHelperEnv(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "moat-docker")
+	if err := os.WriteFile(p, []byte("#!/bin/sh\nenv > "+dir+"/env\necho '{}'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOAT_HELPER_CANARY", "canary-value-0123456789")
+	t.Setenv("DOCKER_HOST", "unix:///run/docker.sock")
+	if err := (Helper{Path: p}).Stop(context.Background(), "/state/x"); err != nil {
+		t.Fatal(err)
+	}
+	env, err := os.ReadFile(filepath.Join(dir, "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(env), "canary-value") || !strings.Contains(string(env), "DOCKER_HOST=unix:///run/docker.sock") || !strings.Contains(string(env), "PATH=") {
+		t.Errorf("moat-docker's environment:\n%s\nwant DOCKER_HOST and PATH, and not MOAT_HELPER_CANARY", env)
+	}
+}

@@ -32,6 +32,9 @@ const (
 	gateConfig = gateDir + "/gate.toml"
 	gatePolicy = gateDir + "/policy.toml"
 	gateState  = gateDir + "/state"
+	// gateControl is the gate service's control socket, where moat
+	// pushes the values of env: and command: secrets (ControlSocket).
+	gateControl = gateDir + "/control/control.sock"
 	// tenant is the workload's tenant name in the gate's configuration.
 	tenant = "workload"
 )
@@ -103,11 +106,12 @@ func GateArgs() []string { return []string{"serve", "--config", gateConfig} }
 // GateConfig is the gate service's configuration for a sandbox: listeners
 // on the gate's internal address only (the egress side serves nobody),
 // the subnet's upper half as its names range, one tenant, the workload's
-// address.
-func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip.AddrPort) []byte {
+// address, whose secrets named in pushed have their values pushed over
+// the control socket.
+func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip.AddrPort, pushed []string) []byte {
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "# Written by moat for a sandbox on Docker; replaced at each start.\n")
-	fmt.Fprintf(&b, "[service]\nstate_dir = %q\nnames = %q\n\n", gateState, NamesRange(subnet).String())
+	fmt.Fprintf(&b, "[service]\nstate_dir = %q\nnames = %q\ncontrol = %q\n\n", gateState, NamesRange(subnet).String(), gateControl)
 	fmt.Fprintf(&b, "[listen]\ndns = [\"%s:53\"]\nhttp = [\"%s:80\"]\nhttps = [\"%s:443\"]\n\n", gate, gate, gate)
 	if len(upstream) > 0 {
 		var us []string
@@ -117,6 +121,13 @@ func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip
 		fmt.Fprintf(&b, "[upstream]\ndns = [%s]\n\n", strings.Join(us, ", "))
 	}
 	fmt.Fprintf(&b, "[tenants.%s]\nsources = [\"%s\"]\npolicy = [%q]\n", tenant, workload, gatePolicy)
+	if len(pushed) > 0 {
+		var ps []string
+		for _, p := range pushed {
+			ps = append(ps, fmt.Sprintf("%q", p))
+		}
+		fmt.Fprintf(&b, "pushed = [%s]\n", strings.Join(ps, ", "))
+	}
 	return b.Bytes()
 }
 
@@ -130,10 +141,24 @@ type Policy struct {
 	// SecretFiles are the files of file: secrets, which the gate
 	// container gets read-only at the same paths: never copied.
 	SecretFiles []string
-	// Dropped names the secrets left out: an env: or command: source
-	// would have to reach the gate through its environment, which
-	// `docker inspect` shows.
+	// Pushed maps the env: and command: secrets to their sources: moat
+	// reads them on the host and pushes the values over the gate's
+	// control socket (a container's environment would show them to
+	// `docker inspect`).
+	Pushed map[string]string
+	// Dropped names the secrets left out: a file: source that is not
+	// an absolute path.
 	Dropped []string
+}
+
+// PushedNames are the names of pol's pushed secrets, sorted.
+func (pol *Policy) PushedNames() []string {
+	var out []string
+	for n := range pol.Pushed {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // PolicyFile makes the tenant's policy from moat.toml-syntax files,
@@ -142,14 +167,15 @@ type Policy struct {
 // files' lists after earlier ones' as config.Merge would union them.
 // trust maps each [network] trust path to the path the gate sees it at.
 //
-// [secrets] read from a file (from = "file:/path") are kept, and a
-// narrower file's secret replaces a wider one's whole, as config.Merge
-// does; the others are dropped: the gate service reads an env: secret
-// from its own environment, and a container's environment is visible to
-// `docker inspect` (docs/docker.md).
+// [secrets] are kept, and a narrower file's secret replaces a wider
+// one's whole, as config.Merge does: one read from a file (from =
+// "file:/path") is the gate's to read, through a read-only bind; one
+// from env: or command: is pushed (Policy.Pushed), since a container's
+// environment is visible to `docker inspect` (docs/docker.md). A file:
+// source that is not absolute is dropped.
 func PolicyFile(files map[string][]byte, order []string, trust func(string) (string, error)) (*Policy, error) {
 	merged := map[string]any{}
-	pol := &Policy{}
+	pol := &Policy{Pushed: map[string]string{}}
 	for _, name := range order {
 		var doc map[string]any
 		if err := toml.Unmarshal(files[name], &doc); err != nil {
@@ -158,8 +184,18 @@ func PolicyFile(files map[string][]byte, order []string, trust func(string) (str
 		if secs, ok := doc["secrets"].(map[string]any); ok {
 			for k, v := range secs {
 				from, _ := v.(map[string]any)["from"].(string)
+				// A wider file's secret of that name is replaced, not
+				// kept: its source too.
+				delete(pol.Pushed, k)
+				if i := slices.Index(pol.Dropped, k); i >= 0 {
+					pol.Dropped = slices.Delete(pol.Dropped, i, i+1)
+				}
 				if path, ok := strings.CutPrefix(from, "file:"); ok && filepath.IsAbs(path) {
 					pol.SecretFiles = append(pol.SecretFiles, filepath.Clean(path))
+					continue
+				}
+				if strings.HasPrefix(from, "env:") || strings.HasPrefix(from, "command:") {
+					pol.Pushed[k] = from
 					continue
 				}
 				pol.Dropped = append(pol.Dropped, k)

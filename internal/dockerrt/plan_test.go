@@ -1,8 +1,10 @@
 package dockerrt
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	toml "github.com/pelletier/go-toml/v2"
@@ -41,13 +43,21 @@ func TestPickSubnet(t *testing.T) {
 func TestGateConfig(t *testing.T) {
 	subnet := netip.MustParsePrefix("10.213.4.0/24")
 	gate, work := netip.MustParseAddr("10.213.4.2"), netip.MustParseAddr("10.213.4.3")
-	data := GateConfig(subnet, gate, work, []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53")})
+	data := GateConfig(subnet, gate, work, []netip.AddrPort{netip.MustParseAddrPort("198.51.100.1:53")}, []string{"A", "TOKEN"})
 	cfg, err := gateserve.ParseConfig("/moat-gate/gate.toml", data)
 	if err != nil {
 		t.Fatalf("%v\n%s", err, data)
 	}
 	if len(cfg.Tenants) != 1 || !slices.Equal(cfg.Tenants[0].Sources, []netip.Prefix{netip.PrefixFrom(work, 32)}) {
 		t.Errorf("tenants = %+v, want one with source %s", cfg.Tenants, work)
+	}
+	// Pushed secrets come over the control socket, whose host path is
+	// the container's through the gate directory's bind.
+	if len(cfg.Tenants) == 1 && !slices.Equal(cfg.Tenants[0].Pushed, []string{"A", "TOKEN"}) {
+		t.Errorf("pushed = %v, want [A TOKEN]", cfg.Tenants[0].Pushed)
+	}
+	if want := gateDir + strings.TrimPrefix(ControlSocket("/state/x"), "/state/x/gate"); cfg.Control != want {
+		t.Errorf("control = %q, want %q (ControlSocket under the gate directory's bind)", cfg.Control, want)
 	}
 	for _, l := range [][]netip.AddrPort{cfg.DNS, cfg.HTTP, cfg.HTTPS} {
 		if len(l) != 1 || l[0].Addr() != gate {
@@ -80,7 +90,9 @@ func TestPolicyFile(t *testing.T) {
 		"project": []byte("[sandbox]\nruntime = \"docker\"\n[network]\nallow = [\"b.test\"]\nblock = [\"c.test\"]\n" +
 			"[secrets.TOKEN]\nfrom = \"env:TOKEN\"\nhosts = [\"a.test\"]\n" +
 			"[secrets.GONE]\nfrom = \"env:GONE\"\nhosts = [\"a.test\"]\n" +
-			"[secrets.KEY]\nfrom = \"file:/run/key\"\nhosts = [\"b.test\"]\n[audit]\nmax_size = \"1MiB\"\n"),
+			"[secrets.KEY]\nfrom = \"file:/run/key\"\nhosts = [\"b.test\"]\n" +
+			"[secrets.CMD]\nfrom = \"command:pass show x\"\nhosts = [\"b.test\"]\n" +
+			"[secrets.REL]\nfrom = \"file:rel/key\"\nhosts = [\"b.test\"]\n[audit]\nmax_size = \"1MiB\"\n"),
 	}
 	var asked []string
 	trust := func(p string) (string, error) { asked = append(asked, p); return "/moat-gate/trust/1.pem", nil }
@@ -88,9 +100,16 @@ func TestPolicyFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// An env: secret would need the container's environment; a wider
-	// file's secret of the same name is replaced, not kept.
-	if want := []string{"GONE", "TOKEN"}; !slices.Equal(pol.Dropped, want) {
+	// env: and command: secrets are pushed; a wider file's secret of
+	// the same name is replaced, source and all; a relative file: is
+	// dropped.
+	if got, want := pol.Pushed, map[string]string{"CMD": "command:pass show x", "GONE": "env:GONE", "TOKEN": "env:TOKEN"}; !maps.Equal(got, want) {
+		t.Errorf("pushed = %v, want %v", got, want)
+	}
+	if want := []string{"CMD", "GONE", "TOKEN"}; !slices.Equal(pol.PushedNames(), want) {
+		t.Errorf("pushed names = %v, want %v", pol.PushedNames(), want)
+	}
+	if want := []string{"REL"}; !slices.Equal(pol.Dropped, want) {
 		t.Errorf("dropped = %v, want %v", pol.Dropped, want)
 	}
 	if want := []string{"/etc/gone", "/run/key"}; !slices.Equal(pol.SecretFiles, want) {
@@ -100,8 +119,8 @@ func TestPolicyFile(t *testing.T) {
 	if err := toml.Unmarshal(pol.TOML, &raw); err != nil {
 		t.Fatal(err)
 	}
-	if got := keysOf(raw.Secrets); !slices.Equal(got, []string{"KEY"}) {
-		t.Errorf("secrets in the policy = %v, want [KEY]:\n%s", got, pol.TOML)
+	if got := keysOf(raw.Secrets); !slices.Equal(got, []string{"CMD", "GONE", "KEY", "TOKEN"}) {
+		t.Errorf("secrets in the policy = %v, want [CMD GONE KEY TOKEN]:\n%s", got, pol.TOML)
 	}
 	// Parsed as the service does (config.Parse reads no secret values).
 	f, err := config.Parse("/moat-gate/policy.toml", pol.TOML)

@@ -34,6 +34,10 @@ trust = ["WS/upstream-ca.pem"]
 [secrets.API_TOKEN]
 from = "file:WS/token"
 hosts = ["allowed.test"]
+
+[secrets.CANARY]
+from = "env:MOAT_DOCKER_CANARY"
+hosts = ["allowed.test"]
 `
 
 // TestDockerSandbox runs one sandbox through every check: a cold start
@@ -42,6 +46,10 @@ func TestDockerSandbox(t *testing.T) {
 	caPEM, leaf := testCA(t)
 	secret := fmt.Sprintf("moat-docker-test-secret-%d", time.Now().UnixNano())
 	s := newSandbox(t, policy, map[string][]byte{"upstream-ca.pem": caPEM, "token": []byte(secret + "\n")})
+	// An env: secret: in moat's environment only, pushed to the gate
+	// over its control socket.
+	canary := fmt.Sprintf("moat-docker-canary-%d", time.Now().UnixNano())
+	s.env = append(s.env, "MOAT_DOCKER_CANARY="+canary)
 	up := startUpstream(t, leaf)
 	start := time.Now()
 	s.must(t, "true")
@@ -283,6 +291,113 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("an env: secret reaches the gate over its control socket and nowhere else", func(t *testing.T) {
+		if _, _, code := s.run(t, time.Minute, "sh", "-c", "command -v curl"); code != 0 {
+			t.Skip("the host has no curl to put in the workload image; apt-get install curl")
+		}
+		ph := strings.TrimSpace(s.must(t, "sh", "-c", "echo $CANARY"))
+		if !strings.HasPrefix(ph, "moat-") || strings.Contains(ph, canary) {
+			t.Fatalf("the session's CANARY is %q; want a placeholder", ph)
+		}
+		// A session runs while every process on the host is searched:
+		// moat (whose environment the value comes from) aside, none may
+		// hold it in its environment or arguments.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, s.bin, "run", "--trust-project", "--", "sh", "-c",
+			`curl -sS -H "Authorization: Bearer $CANARY" https://allowed.test/echo; sleep 2`)
+		cmd.Dir, cmd.Env = s.ws, s.env
+		var out bytes.Buffer
+		cmd.Stdout = &out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		waited := make(chan error, 1)
+		go func() { waited <- cmd.Wait() }()
+		scans := 0
+		var werr error
+	scan:
+		for {
+			for _, hit := range procHolding(canary, cmd.Process.Pid) {
+				t.Errorf("the value is in %s", hit)
+			}
+			scans++
+			select {
+			case werr = <-waited:
+				break scan
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+		if werr != nil {
+			t.Fatalf("moat run: %v", werr)
+		}
+		t.Logf("searched every process's environ and cmdline %d times during the session", scans)
+		if got := up.auths(); len(got) == 0 || got[len(got)-1] != "Bearer "+canary {
+			t.Errorf("the bound host received Authorization %q, want the env: value last", got)
+		}
+		if out.String() != "Bearer "+ph+"\n" {
+			t.Errorf("the workload read %q in the echo, want its placeholder", out.String())
+		}
+		for _, hit := range procHolding(canary, -1) {
+			t.Errorf("after the session, the value is in %s", hit)
+		}
+		for _, c := range []string{gateName, workName} {
+			_, raw, err := s.dc.ContainerInspectWithRaw(ctx, c, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if bytes.Contains(raw, []byte(canary)) {
+				t.Errorf("docker inspect %s shows the value", c)
+			}
+		}
+		rc, err := s.dc.ContainerLogs(ctx, gateName, container.LogsOptions{ShowStdout: true, ShowStderr: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		stdcopy.StdCopy(&logs, &logs, rc)
+		rc.Close()
+		if logs.Len() == 0 || bytes.Contains(logs.Bytes(), []byte(canary)) || !bytes.Contains(logs.Bytes(), []byte("pushed over the control socket")) {
+			t.Errorf("the gate's log (%d bytes) holds the value, or no push:\n%s", logs.Len(), grep(logs.String(), "secret"))
+		}
+		// The state directory (audit, placeholders, records) and the
+		// rest of MOAT_HOME.
+		filepath.Walk(s.home, func(p string, fi os.FileInfo, err error) error {
+			if err == nil && fi.Mode().IsRegular() {
+				if b, _ := os.ReadFile(p); bytes.Contains(b, []byte(canary)) {
+					t.Errorf("%s holds the value", p)
+				}
+			}
+			return nil
+		})
+		// The socket is root's alone.
+		sock := filepath.Join(s.home, "state", "sandboxes", s.name, "gate", "control", "control.sock")
+		if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o600 || fi.Mode()&os.ModeSocket == 0 {
+			t.Errorf("control socket %s: %v %v; want a socket, mode 0600", sock, fi, err)
+		}
+	})
+
+	t.Run("a secret that cannot be read stops the session", func(t *testing.T) {
+		// Unset: moat says which variable to export.
+		s0 := *s
+		s0.env = slices.DeleteFunc(slices.Clone(s.env), func(kv string) bool { return strings.HasPrefix(kv, "MOAT_DOCKER_CANARY=") })
+		_, errs, code := s0.run(t, time.Minute, "true")
+		if code == 0 || !strings.Contains(errs, "MOAT_DOCKER_CANARY is not set") {
+			t.Errorf("moat run without the variable: exit %d, %s; want a failure naming it", code, errs)
+		}
+		// A value the gate refuses: the push fails, and so does the
+		// session; the gate keeps the value it had.
+		s0.env = append(s0.env, "MOAT_DOCKER_CANARY=short")
+		_, errs, code = s0.run(t, time.Minute, "true")
+		if code == 0 || !strings.Contains(errs, "CANARY") || !strings.Contains(errs, "gate") {
+			t.Errorf("moat run with a value the gate refuses: exit %d, %s; want a failure naming the secret", code, errs)
+		}
+		s.must(t, "sh", "-c", `curl -sS -o /dev/null -H "Authorization: Bearer $CANARY" https://allowed.test/echo`)
+		if got := up.auths(); len(got) == 0 || got[len(got)-1] != "Bearer "+canary {
+			t.Errorf("after a refused push the bound host received %q, want the earlier value", got)
+		}
+	})
+
 	t.Run("a denial is audited with the step that refused it", func(t *testing.T) {
 		logs, _ := filepath.Glob(filepath.Join(s.home, "*", "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl"))
 		logs2, _ := filepath.Glob(filepath.Join(s.home, "sandboxes", s.name, "gate", "state", "audit", "workload.jsonl"))
@@ -464,6 +579,26 @@ func TestDockerSandbox(t *testing.T) {
 			t.Errorf("host rules are left:\n%s", grep(string(out), "moat-"+s.name))
 		}
 	})
+}
+
+// procHolding lists the processes other than skip whose environment or
+// arguments hold s.
+func procHolding(s string, skip int) []string {
+	var out []string
+	paths, _ := filepath.Glob("/proc/[0-9]*/environ")
+	for _, env := range paths {
+		pid := filepath.Base(filepath.Dir(env))
+		if pid == fmt.Sprint(skip) {
+			continue
+		}
+		for _, f := range []string{env, filepath.Join(filepath.Dir(env), "cmdline")} {
+			if b, err := os.ReadFile(f); err == nil && bytes.Contains(b, []byte(s)) {
+				comm, _ := os.ReadFile(filepath.Join(filepath.Dir(env), "comm"))
+				out = append(out, f+" ("+strings.TrimSpace(string(comm))+")")
+			}
+		}
+	}
+	return out
 }
 
 // auditRecord is the part of an audit record these tests read.

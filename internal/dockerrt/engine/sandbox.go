@@ -66,6 +66,11 @@ func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
 			return nil, fmt.Errorf("the workload of %q had a way out and was stopped: %w", r.Name, err)
 		}
+		// Pushed again at every session: the host's values may have
+		// changed, and a gate restarted behind moat's back has none.
+		if err := pushSecrets(ctx, r, o); err != nil {
+			return nil, err
+		}
 		// A workload just restarted may not be listening yet.
 		return r, waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 	}
@@ -80,6 +85,10 @@ func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	// workspace, as a gVisor sandbox keeps its writable layer.
 	if err := restart(ctx, e, r, o, gateUp, workUp); err == nil {
 		return r, nil
+	} else if errors.Is(err, errSecrets) {
+		// Not the containers' fault: making them anew would lose what
+		// the workload wrote, and fail the same way.
+		return nil, err
 	} else if !errors.Is(err, errMissing) {
 		fmt.Fprintf(o.Warn, "moat: sandbox %q: starting its stopped containers failed (%v); making them anew\n", r.Name, err)
 	}
@@ -126,6 +135,9 @@ func restart(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Option
 		if _, err := waitGate(ctx, e, r, filepath.Join(o.Dir, "gate", "state", "ca.pem"), since); err != nil {
 			return err
 		}
+	}
+	if err := pushSecrets(ctx, r, o); err != nil {
+		return err
 	}
 	if err := guardBridge(r.Bridge, r.Name); err != nil {
 		return err
@@ -225,6 +237,11 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 	if err != nil {
 		return err
 	}
+	// Before the workload runs: its requests to a secret's hosts are
+	// refused until the value is there.
+	if err := pushSecrets(ctx, r, o); err != nil {
+		return err
+	}
 
 	guestDir := filepath.Join(o.Dir, "guest")
 	if err := dockerrt.WriteGuestDir(guestDir, r, o, ca); err != nil {
@@ -274,6 +291,31 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 		}
 	}
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
+}
+
+// errSecrets marks a start stopped because the gate did not take the
+// secrets' values.
+var errSecrets = errors.New("handing secrets to the gate")
+
+// pushSecrets hands the env: and command: secrets' values, which moat
+// read on the host, to the gate over its control socket, and fails
+// unless the gate then has every pushed secret's value (fail closed: the
+// workload does not start, or the session does not open).
+func pushSecrets(ctx context.Context, r *dockerrt.Record, o dockerrt.Options) error {
+	sock := dockerrt.ControlSocket(o.Dir)
+	if len(o.Secrets) == 0 {
+		if _, err := os.Stat(sock); err != nil {
+			return nil // a gate made before the control socket: nothing pushed
+		}
+	}
+	pending, err := dockerrt.PushSecrets(ctx, sock, o.Secrets)
+	if err != nil {
+		return fmt.Errorf("%w of sandbox %q: %w", errSecrets, r.Name, err)
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("%w: %w", errSecrets, dockerrt.PendingError(r.Name, pending))
+	}
+	return nil
 }
 
 // gateServing is what the gate service logs once it is jailed and its
