@@ -86,10 +86,11 @@ const gcReleaseGap = 10 * time.Second
 
 // ReleaseAfterGC arranges for Release after each garbage collection, at
 // most once every gcReleaseGap, until ctx ends. A collection reads the
-// type data of every live object and runs much of the runtime, and the Go
-// runtime collects at least every two minutes even in a process that
-// allocates nothing: released only once, an idle process maps it all back
-// within minutes.
+// type data of every live object and runs much of the runtime, and once
+// a process has collected, the runtime collects at least every two
+// minutes however little it allocates: released only once, an idle
+// process mapped much of it back within minutes. A process that never
+// collects is never released by this.
 func (t *Text) ReleaseAfterGC(ctx context.Context) {
 	if t == nil {
 		return
