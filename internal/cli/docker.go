@@ -127,15 +127,16 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	}
 	// One start at a time, as for gVisor (startSession): two sessions
 	// starting a cold sandbox would each remove what the other made.
+	// Held through the hooks too: a session never races its set-up.
 	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
 	if err != nil {
 		return nil, err
 	}
+	defer unlock()
 	r, err := h.Up(ctx, dockerrt.Options{
 		Dir: dir, Moat: e.exe, Gate: gate, Workspace: rec.Workspace, Guest: g,
 		Policy: policy, Upstream: upstream, EgressSubnet: egress, Secrets: secrets,
 	})
-	unlock()
 	if err != nil {
 		return nil, fromHelper(fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err))
 	}
@@ -161,7 +162,74 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 		return nil, fmt.Errorf("connecting to the guest agent of %q: %w", rec.Name, err)
 	}
 	conn.SetDeadline(time.Time{})
-	return ssh.NewClient(cc, chans, reqs), nil
+	c := ssh.NewClient(cc, chans, reqs)
+	if err := dockerHooks(ctx, dir, rec, c, r.WorkStarted); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// dockerHooksFile holds, in a Docker sandbox's state directory, the
+// workload's start (Record.WorkStarted) whose hooks have run.
+const dockerHooksFile = "docker-hooks-started"
+
+// dockerHookTimeout bounds all hooks of one start, as a gVisor daemon's.
+const dockerHookTimeout = 30 * time.Minute
+
+// dockerHooks runs a Docker sandbox's set-up hooks once per start of its
+// workload container, as a gVisor daemon does at each start
+// (internal/daemon/hooks.go): on_create until it has succeeded once (a
+// failure stops the session; the next one runs it again), then on_up (a
+// failure is reported and the session goes on). Through the guest agent,
+// as the session's own user, with the session's environment; output on
+// stderr. A start is the workload's (Docker's StartedAt), so a workload
+// Docker restarted runs on_up again too.
+func dockerHooks(ctx context.Context, dir string, rec *state.Record, c *ssh.Client, started string) error {
+	cfg, err := rec.Snapshot()
+	if err != nil {
+		return err
+	}
+	hooks := cfg.Hooks
+	if len(hooks.OnCreate) == 0 && len(hooks.OnUp) == 0 {
+		return nil
+	}
+	marker := filepath.Join(dir, dockerHooksFile)
+	if b, err := os.ReadFile(marker); err == nil && started != "" && string(b) == started {
+		return nil
+	}
+	env, err := withConfigEnv(rec, nil)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, dockerHookTimeout)
+	defer cancel()
+	run := func(phase, cmd string) error {
+		fmt.Fprintf(os.Stderr, "moat: %s: %s\n", phase, cmd)
+		code, err := session.Run(ctx, c, session.Options{Argv: []string{"/bin/sh", "-c", cmd}, Env: env,
+			Stdin: strings.NewReader(""), Stdout: os.Stderr, Stderr: os.Stderr})
+		if err == nil && code != 0 {
+			err = fmt.Errorf("exit status %d", code)
+		}
+		return err
+	}
+	if !rec.SetUp {
+		for _, cmd := range hooks.OnCreate {
+			if err := run("on_create", cmd); err != nil {
+				return fmt.Errorf("sandbox %q: on_create %q failed (%v); the sandbox is not set up, and its next session runs on_create again from the start", rec.Name, cmd, err)
+			}
+		}
+		if err := state.Update(dir, func(r *state.Record) error { r.SetUp = true; return nil }); err != nil {
+			return err
+		}
+	}
+	for _, cmd := range hooks.OnUp {
+		if err := run("on_up", cmd); err != nil {
+			fmt.Fprintf(os.Stderr, "moat: on_up %q failed (%v); the sandbox runs anyway\n", cmd, err)
+			break
+		}
+	}
+	return state.WriteAtomic(marker, []byte(started), 0o644)
 }
 
 // dockerSecrets reads, on the host, the values of the secrets a Docker

@@ -31,6 +31,10 @@ type Record struct {
 	GateIP     netip.Addr   `json:"gate_ip,omitzero"`
 	WorkloadIP netip.Addr   `json:"workload_ip,omitzero"`
 	Bridge     string       `json:"bridge,omitempty"`
+	// WorkStarted is when the workload container last started (Docker's
+	// State.StartedAt), in moat-docker up's answer: a new value is a new
+	// start, for which moat runs the on_up hooks. Not kept in the file.
+	WorkStarted string `json:"work_started,omitempty"`
 }
 
 // ErrNoRecord is returned by Load for a sandbox that is not Docker's.

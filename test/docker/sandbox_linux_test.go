@@ -38,6 +38,10 @@ hosts = ["allowed.test"]
 [secrets.CANARY]
 from = "env:MOAT_DOCKER_CANARY"
 hosts = ["allowed.test"]
+
+[hooks]
+on_create = ["echo created-as-$(id -u)-with-${CANARY:+placeholder} >> WS/hooks.log"]
+on_up = ["echo up >> WS/hooks.log"]
 `
 
 // TestDockerSandbox runs one sandbox through every check: a cold start
@@ -60,6 +64,17 @@ func TestDockerSandbox(t *testing.T) {
 
 	var subnet netip.Prefix
 	var gateIP netip.Addr
+	hooksLog := func() string {
+		b, _ := os.ReadFile(filepath.Join(s.ws, "hooks.log"))
+		return string(b)
+	}
+	t.Run("hooks ran once for the first start", func(t *testing.T) {
+		s.must(t, "true")
+		if got, want := hooksLog(), "created-as-"+strings.TrimSpace(s.must(t, "id", "-u"))+"-with-placeholder\nup\n"; got != want {
+			t.Errorf("hooks.log after two sessions:\n%s\nwant on_create then on_up, once:\n%s", got, want)
+		}
+	})
+
 	t.Run("topology", func(t *testing.T) {
 		n, err := s.dc.NetworkInspect(ctx, intNet, networkInspect)
 		if err != nil {
@@ -503,8 +518,13 @@ func TestDockerSandbox(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		before := strings.Count(hooksLog(), "up\n")
 		if out := s.must(t, "cat", "/var/marker"); out != "kept\n" {
 			t.Errorf("after a restart /var/marker holds %q, want the workload's own file", out)
+		}
+		// A new start of the workload: on_up again, on_create not.
+		if got := hooksLog(); strings.Count(got, "up\n") != before+1 || strings.Count(got, "created") != 1 {
+			t.Errorf("hooks.log after a restart:\n%s\nwant one more on_up, no other on_create", got)
 		}
 		w, err := s.dc.ContainerInspect(ctx, workName)
 		if err != nil {

@@ -41,8 +41,24 @@ func Prepare(ctx context.Context, e *Conn, dir, name, image string) (*dockerrt.R
 const agentWait = 30 * time.Second
 
 // Up starts the sandbox's containers unless both run, and returns its
-// record when the guest agent accepts connections.
+// record when the guest agent accepts connections, with when the
+// workload started (Record.WorkStarted).
 func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, error) {
+	r, err := up(ctx, e, o)
+	if err != nil {
+		return nil, err
+	}
+	c, err := e.c.ContainerInspect(ctx, r.WorkName())
+	if err != nil {
+		return nil, err
+	}
+	if c.State != nil {
+		r.WorkStarted = c.State.StartedAt
+	}
+	return r, nil
+}
+
+func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, error) {
 	if o.Warn == nil {
 		o.Warn = io.Discard
 	}
