@@ -319,10 +319,11 @@ var errSecrets = errors.New("handing secrets to the gate")
 // workload does not start, or the session does not open).
 func pushSecrets(ctx context.Context, r *dockerrt.Record, o dockerrt.Options) error {
 	sock := dockerrt.ControlSocket(o.Dir)
-	if len(o.Secrets) == 0 {
-		if _, err := os.Stat(sock); err != nil {
-			return nil // a gate made before the control socket: nothing pushed
+	if _, err := os.Stat(sock); err != nil {
+		if len(o.Secrets) == 0 {
+			return nil // a gate started before the control socket: nothing to push
 		}
+		return fmt.Errorf("%w of sandbox %q: its gate was started by an older moat and has no control socket (%v); restart it with: moat down %s", errSecrets, r.Name, err, r.Name)
 	}
 	pending, err := dockerrt.PushSecrets(ctx, sock, o.Secrets)
 	if err != nil {
