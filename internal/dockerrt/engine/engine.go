@@ -235,7 +235,10 @@ func buildError(r io.Reader) error {
 func (e *Conn) logs(ctx context.Context, id string, since time.Time, lines int) string {
 	opts := container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: fmt.Sprint(lines)}
 	if !since.IsZero() {
-		opts.Since = fmt.Sprint(since.Unix())
+		// To the nanosecond: in whole seconds, a restart within the
+		// second of the previous start would find that start's lines
+		// (waitGate would take the old "serving" for the new one).
+		opts.Since = fmt.Sprintf("%d.%09d", since.Unix(), since.Nanosecond())
 	}
 	rc, err := e.c.ContainerLogs(ctx, id, opts)
 	if err != nil {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/docker/docker/api/types/container"
@@ -325,7 +326,13 @@ func pushSecrets(ctx context.Context, r *dockerrt.Record, o dockerrt.Options) er
 		}
 		return fmt.Errorf("%w of sandbox %q: its gate was started by an older moat and has no control socket (%v); restart it with: moat down %s", errSecrets, r.Name, err, r.Name)
 	}
+	// A gate Docker restarted behind moat's back may not listen yet.
+	deadline := time.Now().Add(5 * time.Second)
 	pending, err := dockerrt.PushSecrets(ctx, sock, o.Secrets)
+	for errors.Is(err, syscall.ECONNREFUSED) && time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		pending, err = dockerrt.PushSecrets(ctx, sock, o.Secrets)
+	}
 	if err != nil {
 		return fmt.Errorf("%w of sandbox %q: %w", errSecrets, r.Name, err)
 	}
