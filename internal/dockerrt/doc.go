@@ -52,7 +52,9 @@
 // image_id (the digest it resolved to when the sandbox was made; every
 // start uses it, never the tag again), gate_image, runtime (runc or
 // runsc), subnet, gate_ip, workload_ip, bridge (the internal bridge's
-// interface name).
+// interface name); and, in `moat-docker up`'s answer only, work_started
+// (the workload container's last start, Docker's StartedAt), by which
+// moat runs the on_up hooks once per start.
 //
 // The moat-docker protocol (Helper and engine.Main; frozen, since moat and
 // moat-docker of different builds may meet: fields and commands are only
