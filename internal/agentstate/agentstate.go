@@ -311,29 +311,30 @@ func (s Store) save(r repo, sandbox, dir string) error {
 	}
 	parent := tip
 	if tip == "" {
-		// A directory without a branch (its sandbox predates it, or the
-		// branch was lost): its files are added to the main line's,
-		// never taken as the whole, which would delete the others.
+		// A directory without a branch (its sandbox was never checked
+		// out: restored from a checkpoint, or older than this): based
+		// on the main line.
 		if parent, err = r.tip(mainRef); err != nil {
 			return err
-		}
-		mainFiles, err := r.tree(parent)
-		if err != nil {
-			return err
-		}
-		have := map[string]bool{}
-		for _, f := range files {
-			have[f.path] = true
-		}
-		for p, e := range mainFiles {
-			if !have[p] {
-				files = append(files, file{path: p, sha: e.sha})
-			}
 		}
 	}
 	old, err := r.tree(parent)
 	if err != nil {
 		return err
+	}
+	// Additive: a file the directory lacks is kept, not deleted. The
+	// agents prune old transcripts themselves (Claude Code after 30
+	// days), and a directory that never had a file (one without a
+	// branch) must not delete it from the project; removing is moat
+	// sessions rm's.
+	have := map[string]bool{}
+	for _, f := range files {
+		have[f.path] = true
+	}
+	for p, e := range old {
+		if !have[p] {
+			files = append(files, file{path: p, sha: e.sha})
+		}
 	}
 	if tip != "" && sameFiles(old, files) {
 		return nil

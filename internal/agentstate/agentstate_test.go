@@ -319,3 +319,50 @@ func TestRestartKeepsAndRefreshes(t *testing.T) {
 		t.Errorf("a restarted sandbox lacks b's conversation")
 	}
 }
+
+// A sandbox whose directory was never checked out (restored from a
+// checkpoint) has no branch of its own: its files join the project's,
+// and what it never had is not taken for deleted, then or later.
+func TestDirectoryWithoutBranchDeletesNothing(t *testing.T) {
+	f := newFixture(t)
+	start := func(n string) string {
+		t.Helper()
+		if _, err := f.s.Start(f.ws, n, os.Getuid(), os.Getgid(), true); err != nil {
+			t.Fatal(err)
+		}
+		return f.s.SandboxDir(ProjectID(f.ws), n)
+	}
+	a := start("a")
+	b := start("b")
+	write(t, a, session1, "{}\n")
+	write(t, b, session2, "{}\n")
+	for _, n := range []string{"a", "b"} {
+		f.save(t, n)
+		if err := f.s.Remove(f.ws, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cs, err := f.s.Conversations(ProjectID(f.ws))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cs) != 2 {
+		t.Errorf("Conversations = %+v, want both sandboxes'", cs)
+	}
+}
+
+// A file the guest deletes stays in the project (the agents prune old
+// transcripts); moat sessions rm removes.
+func TestGuestDeletionKeepsTheConversation(t *testing.T) {
+	f := newFixture(t)
+	a := f.start(t, "a")
+	write(t, a, session1, "{}\n")
+	f.save(t, "a")
+	if err := os.Remove(filepath.Join(a, session1)); err != nil {
+		t.Fatal(err)
+	}
+	f.save(t, "a")
+	if b := f.start(t, "b"); !exists(b, session1) {
+		t.Errorf("a conversation the guest deleted left the project")
+	}
+}
