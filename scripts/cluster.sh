@@ -29,7 +29,7 @@ pki=$state/pki
 admin_kc=$pki/admin.kubeconfig
 
 node=moat-node
-# The node's address is on a dummy interface of its own, so the API server
+# The node's address is on an interface of its own (an empty bridge), so the API server
 # and kubelet listen on nothing that leaves the machine, and a pod reaches
 # the API server (through the kubernetes Service) at a local address.
 node_if=moat-k8s0
@@ -251,7 +251,9 @@ network_up() {
 	modprobe br_netfilter 2>/dev/null || true
 	modprobe overlay 2>/dev/null || true
 	if ! ip link show "$node_if" >/dev/null 2>&1; then
-		ip link add "$node_if" type dummy
+		# A bridge with no ports stands in for a dummy interface, which
+		# these machines' kernel lacks ("Unknown device type").
+		ip link add "$node_if" type bridge
 	fi
 	ip addr replace "$node_ip/32" dev "$node_if"
 	ip link set "$node_if" up
@@ -299,6 +301,10 @@ state = "$run/containerd"
     sandbox = 'moat.local/pause:1'
 [plugins.'io.containerd.cri.v1.runtime']
   netns_mounts_under_state_dir = true
+  # The kubelet gives a pod's sandbox an OOM score of -998, which needs
+  # CAP_SYS_RESOURCE, missing here ("setting oom_score_adj to -998:
+  # permission denied"): containerd raises any score below its own.
+  restrict_oom_score_adj = true
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ['$bin/cni']
     conf_dir = '$state/cni/net.d'
@@ -345,8 +351,10 @@ import_images() {
 	local ctr=("$bin/ctr" --address "$run/containerd/containerd.sock" -n k8s.io)
 	local img
 	for img in pause hello; do
-		if ! "${ctr[@]}" images ls -q | grep -qx "moat.local/$img:1"; then
-			"${ctr[@]}" images import "$out/images/$img.tar" >/dev/null
+		if ! "${ctr[@]}" images ls -q 2>/dev/null | grep -qx "moat.local/$img:1"; then
+			# ctr warns on stderr at each call that cgroup v1 is deprecated.
+			"${ctr[@]}" images import "$out/images/$img.tar" >/dev/null 2>"$logs/ctr.log" ||
+				die "importing $img: $(cat "$logs/ctr.log")"
 			log "imported moat.local/$img:1"
 		fi
 	done
@@ -378,7 +386,7 @@ up() {
 		--client-ca-file="$pki/ca.crt" \
 		--kubelet-client-certificate="$pki/apiserver-kubelet-client.crt" \
 		--kubelet-client-key="$pki/apiserver-kubelet-client.key" \
-		--kubelet-certificate-authority="$pki/ca.crt" \
+		--kubelet-certificate-authority="$pki/ca.crt" --kubelet-preferred-address-types=InternalIP \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 		--service-account-key-file="$pki/sa.pub" --service-account-signing-key-file="$pki/sa.key" \
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
@@ -442,7 +450,7 @@ down() {
 	# its pod running: ours are the ones that talk to our containerd.
 	local p
 	for p in /proc/[0-9]*; do
-		if tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q -- "-address $run/containerd/containerd.sock"; then
+		if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $run/containerd/containerd.sock"; then
 			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed a leftover shim (pid ${p#/proc/})"
 		fi
 	done

@@ -135,8 +135,36 @@ func applyOne(ctx context.Context, dyn dynamic.Interface, mapper *restmapper.Def
 		ri = dyn.Resource(mapping.Resource).Namespace(ns)
 	}
 	force := true
-	_, err = ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: fieldManager, Force: &force})
-	return err
+	if _, err := ri.Patch(ctx, obj.GetName(), types.ApplyPatchType, data, metav1.PatchOptions{FieldManager: fieldManager, Force: &force}); err != nil {
+		return err
+	}
+	if gvk.Kind == "CustomResourceDefinition" {
+		return waitEstablished(ctx, ri, obj.GetName())
+	}
+	return nil
+}
+
+// waitEstablished waits until the API server serves a CRD's kind: a
+// controller started before then fails with "no matches for kind".
+func waitEstablished(ctx context.Context, ri dynamic.ResourceInterface, name string) error {
+	for {
+		crd, err := ri.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
+		for _, c := range conds {
+			m, _ := c.(map[string]any)
+			if m["type"] == "Established" && m["status"] == "True" {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("CRD %s is not Established: %w", name, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 // runWait waits for one condition of the cluster: the API server ready, or
