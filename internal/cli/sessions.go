@@ -61,18 +61,24 @@ func agentShares(dirs state.Dirs, rec *state.Record, dir string, log *slog.Logge
 }
 
 // saveAgentState commits and merges the sandbox's agent state when its
-// daemon ends (the sandbox stopped or was suspended).
+// daemon ends (the sandbox stopped or was suspended). It runs after the
+// daemon's lock is released, so `moat down` may return first; whoever
+// reads the state next (a start, moat sessions, destroy) commits the
+// directory itself, under the same project lock.
 func saveAgentState(dir string, log *slog.Logger) {
 	e, err := newEnv()
 	if err != nil {
+		log.Warn("saving the agents' conversations", "err", err)
 		return
 	}
 	rec, err := state.Load(dir)
 	if err != nil {
+		log.Warn("saving the agents' conversations", "err", err)
 		return
 	}
 	s, err := agentstate.NewStore(e.dirs.State)
 	if err != nil {
+		log.Warn("saving the agents' conversations", "err", err)
 		return
 	}
 	s.Note = func(m string) { log.Info("agent state: " + m) }
