@@ -36,7 +36,6 @@ import (
 	"os/user"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -453,19 +452,7 @@ func (s Store) checkout(r repo, sandbox, dir string, uid, gid int) error {
 	if err != nil {
 		return err
 	}
-	var need []string
-	for p, e := range want {
-		if h, ok := had[p]; !ok || h.sha != e.sha {
-			need = append(need, e.sha)
-		}
-	}
-	slices.Sort(need)
-	need = slices.Compact(need)
-	blobs, err := r.blobs(need)
-	if err != nil {
-		return err
-	}
-	if err := writeTree(dir, had, want, blobs, uid, gid); err != nil {
+	if err := writeTree(dir, had, want, r.blobs, uid, gid); err != nil {
 		// The branch stays where it was: what could not be written is
 		// then not taken, at the next commit, for a deletion.
 		s.note(fmt.Sprintf("sandbox %s: %v; left as it was", sandbox, err))

@@ -366,3 +366,21 @@ func TestGuestDeletionKeepsTheConversation(t *testing.T) {
 		t.Errorf("a conversation the guest deleted left the project")
 	}
 }
+
+// A checkout in batches (here one blob each) writes every file.
+func TestCheckoutInBatches(t *testing.T) {
+	defer func(b int64) { batchBytes = b }(batchBytes)
+	batchBytes = 1
+	f := newFixture(t)
+	a := f.start(t, "a")
+	write(t, a, session1, "{\"n\":1}\n")
+	write(t, a, session2, "{\"n\":2}\n")
+	write(t, a, "claude/history.jsonl", "{\"n\":3}\n")
+	f.save(t, "a")
+	b := f.start(t, "b")
+	for p, want := range map[string]string{session1: "{\"n\":1}\n", session2: "{\"n\":2}\n", "claude/history.jsonl": "{\"n\":3}\n"} {
+		if got := read(t, b, p); got != want {
+			t.Errorf("%s = %q, want %q", p, got, want)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -113,12 +114,16 @@ func readRegular(root *os.Root, p string) ([]byte, error) {
 	return b, nil
 }
 
+// batchBytes bounds the blobs a checkout holds in memory at once.
+var batchBytes int64 = 64 << 20 // a variable for the tests
+
 // writeTree makes dir's versioned files those of want, given that they
 // were those of had: files of had not in want are removed, files whose
-// blob changed are written (content from blobs), each owned by uid:gid.
-// Like scan, it goes through an os.Root: a link the guest left cannot
-// make the host write outside the directory.
-func writeTree(dir string, had, want map[string]entry, blobs map[string][]byte, uid, gid int) error {
+// blob changed are written (their content read through fetch, in
+// batches of about batchBytes), each owned by uid:gid. Like scan, it
+// goes through an os.Root: a link the guest left cannot make the host
+// write outside the directory.
+func writeTree(dir string, had, want map[string]entry, fetch func([]string) (map[string][]byte, error), uid, gid int) error {
 	root, err := os.OpenRoot(dir)
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", dir, err)
@@ -132,17 +137,39 @@ func writeTree(dir string, had, want map[string]entry, blobs map[string][]byte, 
 			}
 		}
 	}
+	var changed []string
 	for p, e := range want {
-		if h, ok := had[p]; ok && h.sha == e.sha {
-			continue
+		if h, ok := had[p]; !ok || h.sha != e.sha {
+			changed = append(changed, p)
 		}
-		b, ok := blobs[e.sha]
-		if !ok {
-			errs = append(errs, fmt.Errorf("%s: blob %s missing", p, e.sha))
-			continue
+	}
+	slices.Sort(changed)
+	for len(changed) > 0 {
+		n, size := 0, int64(0)
+		for n < len(changed) && (n == 0 || size+want[changed[n]].size <= batchBytes) {
+			size += want[changed[n]].size
+			n++
 		}
-		if err := writeFile(root, p, b, uid, gid); err != nil {
-			errs = append(errs, fmt.Errorf("writing %s: %w", p, err))
+		batch := changed[:n]
+		changed = changed[n:]
+		var shas []string
+		for _, p := range batch {
+			shas = append(shas, want[p].sha)
+		}
+		slices.Sort(shas)
+		blobs, err := fetch(slices.Compact(shas))
+		if err != nil {
+			return err
+		}
+		for _, p := range batch {
+			b, ok := blobs[want[p].sha]
+			if !ok {
+				errs = append(errs, fmt.Errorf("%s: blob %s missing", p, want[p].sha))
+				continue
+			}
+			if err := writeFile(root, p, b, uid, gid); err != nil {
+				errs = append(errs, fmt.Errorf("writing %s: %w", p, err))
+			}
 		}
 	}
 	return errors.Join(errs...)
