@@ -82,7 +82,7 @@ build() {
 	# Stamped like a release, or each component reports v0.0.0 and the
 	# kubelet's and API server's version checks see a skew.
 	local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean"
-	log "building Kubernetes $kube, etcd and the cluster's tools (cold: about 15 minutes; docs/kubernetes.md)"
+	log "building Kubernetes $kube, etcd and the cluster's tools (cold: about 30 CPU-minutes; docs/kubernetes.md)"
 	(cd deploy/cluster/build && "${gobuild[@]}" build -trimpath -ldflags "$ldflags" -o "$b/" \
 		k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
 		k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kube-proxy \
@@ -344,6 +344,9 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 serializeImagePulls: false
+# No KUBE-FIREWALL and canary chains in the host's iptables: kube-proxy
+# keeps its own, and down removes them with --cleanup.
+makeIPTablesUtilChains: false
 EOF
 }
 
@@ -443,7 +446,7 @@ down() {
 	stop kubelet
 	if [ -n "$bin" ] && pid_of containerd >/dev/null; then
 		# Through the CRI, so containerd runs each pod's CNI DEL.
-		"$bin/clustertool" cri-reset -endpoint "$run/containerd/containerd.sock" >"$run/netns.list" || log "some pods did not stop cleanly (above)"
+		"$bin/clustertool" cri-reset -endpoint "$run/containerd/containerd.sock" || log "some pods did not stop cleanly (above)"
 	fi
 	stop containerd
 	# A shim whose pod was not removed (containerd already gone) would keep
@@ -463,10 +466,23 @@ down() {
 	fi
 	# Mounts under the cluster's directories (pods' volumes, containerd's
 	# rootfs and shm, network namespaces), deepest first.
-	findmnt -rn -o TARGET | grep -E "^($state|$run)/" | sort -r | while read -r m; do
+	findmnt -rn -o TARGET | { grep -E "^($state|$run)/" || true; } | sort -r | while read -r m; do
 		umount "$m" 2>/dev/null || umount -l "$m" || log "cannot unmount $m"
 	done
 	rm -rf "$run/containerd/netns" "$run/runsc"
+	# What a kubelet made before makeIPTablesUtilChains was set, or left
+	# when kube-proxy --cleanup could not run.
+	local cmd t c
+	for cmd in iptables ip6tables; do
+		for t in filter nat mangle; do
+			for c in KUBE-FIREWALL KUBE-KUBELET-CANARY KUBE-PROXY-CANARY KUBE-IPTABLES-HINT; do
+				"$cmd" -t "$t" -S 2>/dev/null | { grep -E -- "^-A [A-Z]+ .*-j $c\$" || true; } | sed 's/^-A/-D/' |
+					while read -r rule; do eval "$cmd -t $t $rule" || true; done
+				"$cmd" -t "$t" -F "$c" 2>/dev/null || true
+				"$cmd" -t "$t" -X "$c" 2>/dev/null || true
+			done
+		done
+	done
 	ip link del "$bridge" 2>/dev/null || true
 	ip link del "$node_if" 2>/dev/null || true
 	iptables -D FORWARD -j MOAT-CLUSTER 2>/dev/null || true

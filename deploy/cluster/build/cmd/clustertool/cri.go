@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -17,9 +16,7 @@ import (
 // runCRIReset stops and removes every pod sandbox the container runtime
 // holds, through the CRI as the kubelet would: stopping a sandbox is what
 // makes containerd run the CNI DEL (the pod's address and bridge port go)
-// and tear down its network namespace. It prints the network namespace
-// of each sandbox, one a line, so the caller can check that none is left.
-// Run it with the kubelet stopped, or the kubelet starts the pods again.
+// and tear down its network namespace. Run it with the kubelet stopped, or the kubelet starts the pods again.
 func runCRIReset(args []string) error {
 	fs := flag.NewFlagSet("cri-reset", flag.ContinueOnError)
 	endpoint := fs.String("endpoint", "", "the CRI socket (required)")
@@ -44,11 +41,6 @@ func runCRIReset(args []string) error {
 	}
 	var errs []error
 	for _, sb := range list.Items {
-		if st, err := rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb.Id, Verbose: true}); err == nil {
-			if ns := netnsPath(st.Info); ns != "" {
-				fmt.Println(ns)
-			}
-		}
 		if _, err := rs.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sb.Id}); err != nil {
 			errs = append(errs, fmt.Errorf("stopping pod %s/%s: %w", sb.Metadata.GetNamespace(), sb.Metadata.GetName(), err))
 			continue
@@ -59,16 +51,4 @@ func runCRIReset(args []string) error {
 	}
 	fmt.Fprintf(os.Stderr, "cri-reset: %d pod sandboxes stopped and removed\n", len(list.Items)-len(errs))
 	return errors.Join(errs...)
-}
-
-// netnsPath reads the network namespace's path from containerd's verbose
-// status: the CRI itself does not carry it.
-func netnsPath(info map[string]string) string {
-	var v struct {
-		NetNamespacePath string `json:"netNamespacePath"`
-	}
-	if json.Unmarshal([]byte(info["info"]), &v) != nil {
-		return ""
-	}
-	return v.NetNamespacePath
 }
