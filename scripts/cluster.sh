@@ -166,6 +166,15 @@ ensure_built() {
 	mkdir -p "$cache"
 	build "$out"
 	log "built into $out in $(( $(date +%s) - t0 )) s"
+	# Each build is some 800 MB: older ones go, unless a running component
+	# still uses one (up warns about those; down and up switch).
+	local d
+	for d in "$cache"/*/; do
+		d=${d%/}
+		case $d in "$out" | "$cache/src") continue ;; esac
+		grep -qsF "$d/" "$run"/*.exe && continue
+		rm -rf "$d"
+	done
 }
 
 # --- processes --------------------------------------------------------------
@@ -353,13 +362,12 @@ EOF
 import_images() {
 	local ctr=("$bin/ctr" --address "$run/containerd/containerd.sock" -n k8s.io)
 	local img
+	# Imported every time (a fraction of a second each): the same name may
+	# hold a rebuilt binary, and an import of what is there changes nothing.
 	for img in pause hello; do
-		if ! "${ctr[@]}" images ls -q 2>/dev/null | grep -qx "moat.local/$img:1"; then
-			# ctr warns on stderr at each call that cgroup v1 is deprecated.
-			"${ctr[@]}" images import "$out/images/$img.tar" >/dev/null 2>"$logs/ctr.log" ||
-				die "importing $img: $(cat "$logs/ctr.log")"
-			log "imported moat.local/$img:1"
-		fi
+		# ctr warns on stderr at each call that cgroup v1 is deprecated.
+		"${ctr[@]}" images import "$out/images/$img.tar" >/dev/null 2>"$logs/ctr.log" ||
+			die "importing $img: $(cat "$logs/ctr.log")"
 	done
 }
 
@@ -429,6 +437,11 @@ up() {
 		"$bin/agent-sandbox-controller" --extensions --leader-elect=false \
 		--metrics-bind-address=127.0.0.1:18080 --health-probe-bind-address=127.0.0.1:18081
 	"$bin/clustertool" wait -kubeconfig "$admin_kc" -node "$node" -timeout 120s || die "node $node is not Ready; see $logs/kubelet.log"
+	local c exe
+	for c in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy agent-sandbox-controller; do
+		exe=$(cat "$run/$c.exe" 2>/dev/null) || continue
+		case $exe in "$bin"/*) ;; *) log "warning: $c runs $exe, from an older build; to switch: scripts/cluster.sh down && scripts/cluster.sh up" ;; esac
+	done
 	log "up: started in $(( $(date +%s) - tb )) s ($(( $(date +%s) - t0 )) s with build and set-up); kubeconfig $admin_kc"
 }
 

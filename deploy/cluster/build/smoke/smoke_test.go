@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -208,6 +209,24 @@ func TestPodRuntime(t *testing.T) {
 				t.Fatalf("log has gVisor's banner = %v, want %v; log:\n%s", got, tt.wantGVisor, log)
 			}
 		})
+	}
+}
+
+// TestServiceFromGVisorPod dials the kubernetes Service's clusterIP from a
+// gVisor pod: the path kube-proxy gives in-cluster clients (the gate's
+// informers) and the one the gate's fixed clusterIP will use.
+func TestServiceFromGVisorPod(t *testing.T) {
+	c := newCluster(t)
+	svc, err := c.cs.CoreV1().Services("default").Get(context.Background(), "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("getting the kubernetes Service: %v", err)
+	}
+	addr := net.JoinHostPort(svc.Spec.ClusterIP, "443")
+	pod := helloPod("dial", "gvisor")
+	pod.Spec.Containers[0].Args = []string{"dial", addr}
+	log := c.runToCompletion(t, pod)
+	if want := "dial " + addr + ": connected"; !strings.Contains(log, want) {
+		t.Fatalf("the pod's log lacks %q:\n%s", want, log)
 	}
 }
 
