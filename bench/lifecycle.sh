@@ -103,19 +103,6 @@ for p in "${pids[@]}"; do
 	own_kb=$((own_kb + kb))
 done
 
-# bin/moat's file pages, wherever they are mapped: in moat's own
-# processes and in runsc's, which map the guest's init (the same file).
-# PSS splits a page among its mappers, so pages one side hands back
-# (internal/exemap) count in full on the other until it hands them back
-# too: the sum is what the sandbox holds of the binary.
-ino=$(stat -L -c %i "$MOAT")
-exe_kb() { awk -v ino="$ino" '/^[0-9a-f]+-[0-9a-f]+ / {m = ($5 == ino)} m && /^Pss:/ {s += $2} END {print s + 0}' "/proc/$1/smaps" 2>/dev/null || echo 0; }
-exe_own=0 exe_runsc=0
-for p in "${spaces[@]}"; do
-	kb=$(exe_kb "$p")
-	if [ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$(readlink -f "$MOAT")" ]; then exe_own=$((exe_own + kb)); else exe_runsc=$((exe_runsc + kb)); fi
-done
-
 # Two floors under a warm exec, each measured N times: a shell already in
 # the guest starting /usr/bin/true (bash's EPOCHREALTIME around it: what
 # gVisor costs for the command itself, whoever asks for it), and the start
@@ -150,5 +137,4 @@ printf 'warm  moat exec -- true  %6s   runsc exec       %6s   ratio %s (target <
 printf '      floors: /usr/bin/true from a shell in the guest %s ms, moat CLI start and exit on the host %s ms; 0.5 x runsc exec is %s ms\n' "$guest_true" "$cli_start" "$(awk -v b="$wb" 'BEGIN{printf "%.1f", b/2}')"
 printf 'idle sandbox PSS: %d MiB over %d processes, %d address spaces (target <= 40 MiB)\n' "$((moat_pss / 1024))" "$moat_pids" "$moat_spaces"
 printf "moat's own processes: %s MiB PSS (%s)\n" "$(mib "$own_kb")" "${own[*]}"
-printf "      of which bin/moat's file pages %s MiB; the same file's pages in runsc's processes (the guest's init) %s MiB\n" "$(mib "$exe_own")" "$(mib "$exe_runsc")"
 printf 'idle bare runsc:  %d MiB over %d processes, %d address spaces (runsc running sleep: the runtime alone)\n' "$((bare_pss / 1024))" "$bare_pids" "$bare_spaces"

@@ -463,11 +463,12 @@ down() {
 	fi
 	stop containerd
 	# A shim whose pod was not removed (containerd already gone) would keep
-	# its pod running: ours are the ones that talk to our containerd.
+	# its pod running: ours are the shims that talk to our containerd and
+	# the gVisor sandboxes and gofers under our runsc root.
 	local p
 	for p in /proc/[0-9]*; do
-		if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -q -- "-address $run/containerd/containerd.sock"; then
-			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed a leftover shim (pid ${p#/proc/})"
+		if { tr '\0' ' ' <"$p/cmdline"; } 2>/dev/null | grep -qE -- "-address $run/containerd/containerd.sock|--root=$run/runsc"; then
+			kill -KILL "${p#/proc/}" 2>/dev/null && log "killed a leftover pod process (pid ${p#/proc/})"
 		fi
 	done
 	stop kube-scheduler

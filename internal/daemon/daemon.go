@@ -34,7 +34,6 @@ import (
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/netstack"
@@ -107,7 +106,6 @@ type daemon struct {
 	creds   *credentials   // the secrets, swapped whole when a preset adds some
 	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
 	sess    idleGate       // attached sessions, and the idle stop's word
-	text    *exemap.Text   // the binary's read-only mappings (pages.go); nil: none found
 	signs   signGrants     // keys a watcher let sign for this run
 	shimPID atomic.Int64
 	started time.Time
@@ -233,7 +231,6 @@ func (d *daemon) run() error {
 		d.log.Info("sandbox stopped", "reason", end.reason)
 	}()
 	undo[stepLock] = func() error { release(); return nil }
-	d.findText() // pages.go
 	undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
 	undo[stepTasks] = func() error {
 		d.cancel()
@@ -345,7 +342,6 @@ func (d *daemon) run() error {
 		d.o.Ready = nil
 	}
 	d.tasks.Go("elastic memory", func() { d.elastic(d.ctx) })
-	d.releaseText(d.ctx) // pages.go
 
 	select {
 	case <-shim.done:

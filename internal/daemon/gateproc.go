@@ -130,7 +130,6 @@ func (d *daemon) runGate() error {
 	defer srv.Close()
 
 	mark("proxy_us")
-	d.findText()
 	if err := d.lockDown(rec.GateUID); err != nil {
 		return fmt.Errorf("locking the gate process down: %w", err)
 	}
@@ -192,7 +191,6 @@ func (d *daemon) runGate() error {
 		select {
 		case <-d.net.settled:
 			debug.FreeOSMemory()
-			d.releaseText(ctx) // pages.go
 		case <-ctx.Done():
 		}
 	})

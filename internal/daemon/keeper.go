@@ -428,12 +428,7 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		}
 		return d.loadList(ctx, r)
 	case "discover":
-		rules := d.discover(ctx)
-		// The start's last work, a second or more after the sandbox
-		// runs: what running the host's tools mapped of the binary
-		// goes back (pages.go).
-		d.text.Release()
-		return rules, nil, nil
+		return d.discover(ctx), nil, nil
 	case "secret":
 		var r secretRequest
 		if err := json.Unmarshal(body, &r); err != nil {

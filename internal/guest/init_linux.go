@@ -27,7 +27,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"moat.dev/moat/internal/agent"
-	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/guestspec"
 )
 
@@ -36,10 +35,6 @@ import (
 const shutdownGrace = 5 * time.Second
 
 // Init is PID 1 of the guest.
-// releaseAfterStart is when the guest's init hands back the pages of the
-// binary its start mapped: well after a cold start's first command.
-const releaseAfterStart = 30 * time.Second
-
 func Init() int {
 	base := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	log, agentLog := base.With("component", "init"), base.With("component", "agent")
@@ -81,18 +76,6 @@ func Init() int {
 	}
 	srv.Env = sessionEnv(spec.Env, caFile, stores) // read by sessions only, after ready
 	close(ready)
-	// What start-up mapped of the binary goes back to the page cache
-	// (internal/exemap); runsc's processes hold the guest's mappings.
-	// Not at once: the first command and the on_up hooks follow, and
-	// faulting their pages back in would lengthen every cold start. An
-	// init that allocates little never collects, so after collections
-	// alone would mean never.
-	if text, err := exemap.Find(); err != nil {
-		log.Warn("the binary's pages stay mapped while idle", "err", err)
-	} else {
-		time.AfterFunc(releaseAfterStart, text.Release)
-		text.ReleaseAfterGC(ctx)
-	}
 
 	for sig := range sigs {
 		switch sig {

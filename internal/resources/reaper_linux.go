@@ -2,7 +2,6 @@ package resources
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -18,7 +17,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/state"
 )
 
@@ -197,16 +195,6 @@ func Reap(stateDir string, daemonPID int) int {
 		n, _ := pipe.Read(b)
 		dismissed <- n == 1 && b[0] == doneByte
 	}()
-	// Idle from here for as long as the daemon lives: what start-up
-	// mapped of the binary goes back to the page cache (internal/exemap),
-	// and what the runtime's collections map, and the work after the
-	// daemon's death maps what it runs again.
-	if text, err := exemap.Find(); err != nil {
-		logf("%v; the reaper keeps its pages of the binary mapped", err)
-	} else {
-		text.Release()
-		text.ReleaseAfterGC(context.Background())
-	}
 	for {
 		select {
 		case d := <-dismissed:

@@ -1,7 +1,6 @@
 package runtime
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -18,7 +17,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"moat.dev/moat/internal/exemap"
 	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/userns"
@@ -162,15 +160,6 @@ func superviseRunsc(p *Plan, bundle string) error {
 	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
 	if err != nil || sandbox <= 0 {
 		return fmt.Errorf("reading the sandbox pid from %s: %v", pidFile, err)
-	}
-	// The shim waits from here until the sandbox exits: what setting it
-	// up mapped of the binary goes back to the page cache
-	// (internal/exemap), and what the runtime's collections map.
-	if text, err := exemap.Find(); err != nil {
-		fmt.Fprintf(os.Stderr, "moat shim: %v; keeping its pages of the binary mapped\n", err)
-	} else {
-		text.Release()
-		text.ReleaseAfterGC(context.Background())
 	}
 	words := readWords()
 	checkpointed, released := false, false
