@@ -200,6 +200,13 @@ func (s Store) Start(ws, sandbox string, uid, gid int, keep bool) ([]Mount, erro
 		return nil, fmt.Errorf("sandbox name %q: not a valid name", sandbox)
 	}
 	project := ProjectID(ws)
+	dir := s.SandboxDir(project, sandbox)
+	// Nothing kept yet (no repository, no sandbox of the project with a
+	// kept file): no git on the sandbox's start, the common case for a
+	// project whose sandboxes never ran an agent.
+	if !s.hasRepo(project) && s.nothingKept(project) {
+		return s.mounts(dir, uid, gid)
+	}
 	r, unlock, err := s.open(project, ws, true)
 	if err != nil {
 		return nil, err
@@ -208,7 +215,44 @@ func (s Store) Start(ws, sandbox string, uid, gid int, keep bool) ([]Mount, erro
 	if err := s.syncAll(r, project); err != nil {
 		return nil, err
 	}
-	dir := s.SandboxDir(project, sandbox)
+	mounts, err := s.mounts(dir, uid, gid)
+	if err != nil || keep {
+		return mounts, err
+	}
+	return mounts, s.checkout(r, sandbox, dir, uid, gid)
+}
+
+// hasRepo says whether the project's repository exists.
+func (s Store) hasRepo(project string) bool {
+	_, err := os.Stat(filepath.Join(s.bare(project), "HEAD"))
+	return err == nil
+}
+
+// nothingKept says whether no sandbox directory of the project holds a
+// file that would be kept (unreadable directories count as holding one,
+// so that the slow path reports them).
+func (s Store) nothingKept(project string) bool {
+	ents, err := os.ReadDir(filepath.Join(s.Work, project))
+	if errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if !e.IsDir() || !validSandbox.MatchString(e.Name()) {
+			continue
+		}
+		if files, err := scan(filepath.Join(s.Work, project, e.Name()), func(string) {}); err != nil || len(files) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// mounts makes the sandbox's directory and its agents' directories,
+// owned by uid:gid, and returns their mounts.
+func (s Store) mounts(dir string, uid, gid int) ([]Mount, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -225,16 +269,16 @@ func (s Store) Start(ws, sandbox string, uid, gid int, keep bool) ([]Mount, erro
 		}
 		mounts = append(mounts, Mount{Source: d, Target: a.Home})
 	}
-	if keep {
-		return mounts, nil
-	}
-	return mounts, s.checkout(r, sandbox, dir, uid, gid)
+	return mounts, nil
 }
 
 // Save commits sandbox's directory and merges it into the main line:
 // at the sandbox's stop.
 func (s Store) Save(ws, sandbox string) error {
 	project := ProjectID(ws)
+	if !s.hasRepo(project) && s.nothingKept(project) {
+		return nil
+	}
 	r, unlock, err := s.open(project, ws, true)
 	if err != nil {
 		return err
@@ -250,6 +294,9 @@ func (s Store) Remove(ws, sandbox string) error {
 	dir := s.SandboxDir(project, sandbox)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil
+	}
+	if !s.hasRepo(project) && s.nothingKept(project) {
+		return os.RemoveAll(dir)
 	}
 	r, unlock, err := s.open(project, ws, true)
 	if err != nil {
@@ -447,6 +494,23 @@ func (s Store) checkout(r repo, sandbox, dir string, uid, gid int) error {
 	had, err := r.tree(st)
 	if err != nil {
 		return err
+	}
+	// What the directory holds, not what its branch says: a directory
+	// that had no branch when it was committed (its sandbox started
+	// before the project kept anything) got one based on the main line,
+	// whose files it lacks.
+	present, err := scan(dir, func(string) {})
+	if err != nil {
+		return err
+	}
+	sums := make(map[string]string, len(present))
+	for _, f := range present {
+		sums[f.path] = f.sha
+	}
+	for p, e := range had {
+		if sums[p] != e.sha {
+			delete(had, p)
+		}
 	}
 	want, err := r.tree(mt)
 	if err != nil {

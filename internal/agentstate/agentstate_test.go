@@ -384,3 +384,26 @@ func TestCheckoutInBatches(t *testing.T) {
 		}
 	}
 }
+
+// Until a sandbox of the project keeps something, starting and stopping
+// its sandboxes runs no git: the repository is not even made. Once one
+// keeps a file, a sandbox started before that gets it at its next start.
+func TestNothingKeptRunsNoGit(t *testing.T) {
+	f := newFixture(t)
+	project := ProjectID(f.ws)
+	a := f.start(t, "a")
+	b := f.start(t, "b")
+	f.save(t, "a")
+	if f.s.hasRepo(project) {
+		t.Fatalf("a project that kept nothing has a repository after a start and a stop")
+	}
+	write(t, b, session2, "{}\n")
+	f.save(t, "b")
+	if !f.s.hasRepo(project) {
+		t.Fatalf("b's conversation made no repository")
+	}
+	f.start(t, "a")
+	if !exists(a, session2) {
+		t.Errorf("a sandbox started before the project kept anything lacks b's conversation at its next start")
+	}
+}
