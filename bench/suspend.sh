@@ -6,6 +6,9 @@
 #           starting it (target: resume <= 0.5x cold)
 #   suspend: `moat suspend` time and the image's size against the guest's memory in use, idle and
 #           with a process holding BALLAST_MIB of incompressible memory
+#   floor:  gVisor's own restore: bare `runsc restore` of a bare sandbox running the same server
+#           (no moat, no network), checkpointed the same way, until runsc returns with it running;
+#           its ratio to moat's cold start is the lowest resume ratio moat could reach here
 #   fork:   `moat fork` of the running sandbox (its suspend, the copy, its resume)  vs  the same cold
 #           start; and `moat snapshot save` of the running sandbox, `moat snapshot restore` of it until
 #           the server answers again
@@ -17,7 +20,14 @@ MOAT=${MOAT:-$PWD/bin/moat}
 export MOAT_RUNSC=${MOAT_RUNSC:-$PWD/bin/runsc}
 export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
 proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/suspendbench; mkdir -p "$proj"
+bare=$(mktemp -d /tmp/moat-bench-bare-XXXX)
+rflags=(--root="$bare/state" --platform=systrap --network=none --ignore-cgroups)
 cleanup() {
+	"$MOAT_RUNSC" "${rflags[@]}" delete --force barefloor >/dev/null 2>&1 || true
+	# runsc pins an empty network namespace for its gofers with a bind
+	# mount in its root directory.
+	while umount -l "$bare/state/null-netns" 2>/dev/null; do :; done
+	rm -rf "$bare"
 	"$MOAT" destroy --yes suspendbench >/dev/null 2>&1 || true
 	"$MOAT" destroy --yes forkbench >/dev/null 2>&1 || true
 	rm -rf "$MOAT_HOME" "$(dirname "$proj")"
@@ -85,6 +95,28 @@ for i in $(seq "$N"); do
 	"$MOAT" snapshot rm suspendbench "s$i" --yes >/dev/null 2>&1
 done
 
+# The floor: the same server in a bare runsc sandbox (the host's / read-only,
+# /tmp included, where the server is; no network but loopback),
+# checkpointed and restored N times. runsc restore
+# --detach returns once the restored sandbox runs.
+cat > "$bare/config.json" <<JSON
+{"ociVersion":"1.0.2","process":{"user":{"uid":0,"gid":0},"args":["python3","$proj/server.py"],"cwd":"/","env":["PATH=/usr/bin:/bin"]},
+ "root":{"path":"/","readonly":true},"hostname":"bare",
+ "mounts":[{"destination":"/proc","type":"proc","source":"proc"}],
+ "linux":{"namespaces":[{"type":"pid"},{"type":"mount"},{"type":"ipc"},{"type":"uts"},{"type":"network"}]}}
+JSON
+floor=()
+"$MOAT_RUNSC" "${rflags[@]}" run --detach --bundle="$bare" barefloor >/dev/null
+sleep 1
+for i in $(seq "$N"); do
+	rm -rf "$bare/image"
+	"$MOAT_RUNSC" "${rflags[@]}" checkpoint --image-path="$bare/image" barefloor >/dev/null
+	"$MOAT_RUNSC" "${rflags[@]}" delete --force barefloor >/dev/null 2>&1 || true
+	t=$(date +%s%N); "$MOAT_RUNSC" "${rflags[@]}" restore --detach --image-path="$bare/image" --bundle="$bare" barefloor >/dev/null; floor+=("$(ms "$t")")
+done
+"$MOAT_RUNSC" "${rflags[@]}" kill barefloor KILL >/dev/null 2>&1 || true
+"$MOAT_RUNSC" "${rflags[@]}" delete --force barefloor >/dev/null 2>&1 || true
+
 # The same with BALLAST_MIB of random bytes held by a process in the guest.
 "$MOAT" exec suspendbench -- sh -c "setsid -f python3 -c 'import os, time; b = os.urandom($BALLAST_MIB << 20); time.sleep(1e9)' </dev/null >/dev/null 2>&1"
 sleep 3
@@ -100,6 +132,8 @@ m() { printf '%s\n' "$@" | median; }
 c=$(m "${cold[@]}") r=$(m "${resume[@]}")
 printf 'runs: %d each, interleaved, medians\n' "$N"
 printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(awk -v a="$r" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
+fl=$(m "${floor[@]}")
+printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(awk -v a="$fl" -v b="$c" 'BEGIN{printf "%.2f", a/b}')" "$((r - fl))"
 per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
 su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
 printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" $((si / 1024)) $((su / 1024)) "$(per "$si" "$su")"
@@ -107,4 +141,4 @@ printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s 
 f=$(m "${fork[@]}")
 printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(awk -v a="$f" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
 printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
-printf 'raw: cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
+printf 'raw: floor %s | cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${floor[*]}" "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
