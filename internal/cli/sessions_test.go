@@ -25,6 +25,14 @@ func TestSessionProjects(t *testing.T) {
 		if _, err := s.Start(ws, "x", os.Getuid(), os.Getgid(), false); err != nil {
 			t.Fatal(err)
 		}
+		// A project is listed once it keeps something.
+		kept := filepath.Join(s.SandboxDir(agentstate.ProjectID(ws), "x"), "claude", "history.jsonl")
+		if err := os.WriteFile(kept, []byte("{}\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Save(ws, "x"); err != nil {
+			t.Fatal(err)
+		}
 		wss = append(wss, ws)
 	}
 	if err := state.Create(e.dirs.Sandbox("websb"), &state.Record{Name: "websb", Workspace: wss[2], Created: time.Now()}); err != nil {

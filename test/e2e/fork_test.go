@@ -18,7 +18,7 @@ import (
 // names a secret read from a file on the host.
 const forkToml = `[hooks]
 on_up = [
-  "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1",
+  "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1",
 ]
 
 [secrets.MOAT_FORKKEY]

@@ -25,7 +25,7 @@ import (
 const snapshotToml = `[hooks]
 on_up = [
   "echo up >> .on-up-marker",
-  "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1",
+  "setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1",
 ]
 `
 
