@@ -444,7 +444,7 @@ func TestSuspendFullDisk(t *testing.T) {
 		return r.stdout
 	}
 	must("up")
-	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
+	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
 	// One suspend and resume first: the guest then maps the moat binary
 	// kept in the state directory, so the next suspend writes only the
 	// image, and it is the image that meets the full disk.
