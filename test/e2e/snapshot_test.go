@@ -345,7 +345,7 @@ func TestSnapshotFullDisk(t *testing.T) {
 		return r.stdout
 	}
 	must("up")
-	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
+	must("exec", name, "--", "sh", "-c", `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/c.new; mv /tmp/c.new /tmp/c; sleep 0.1; done' </dev/null >/dev/null 2>&1`)
 	// A suspend measures the image; the guest then maps the moat binary
 	// kept in the state directory, so later suspends write only the image.
 	var susp struct {

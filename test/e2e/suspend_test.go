@@ -294,7 +294,7 @@ func TestSuspendResume(t *testing.T) {
 		// idle (on_up's fast counter is stopped), and not one on_up starts:
 		// a cold start after the park would not bring it back.
 		run("exec", name, "--", "sh", "-c",
-			`pkill -f "/tmp/coun[t]; sleep 0.1"; setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/slow; sleep 1; done' </dev/null >/dev/null 2>&1`)
+			`pkill -f "/tmp/coun[t]; sleep 0.1"; setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/slow.new; mv /tmp/slow.new /tmp/slow; sleep 1; done' </dev/null >/dev/null 2>&1`)
 		slow := func() int {
 			t.Helper()
 			out := strings.TrimSpace(run("exec", name, "--", "cat", "/tmp/slow"))
