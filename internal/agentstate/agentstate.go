@@ -33,7 +33,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/user"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -78,39 +77,8 @@ type Store struct {
 // home being the sudo user's under sudo), as tickets' worktrees are:
 // never inside the state, which no share may reach.
 func NewStore(stateDir string) (Store, error) {
-	s := Store{State: filepath.Join(stateDir, "agentstate")}
-	switch h, xdg := os.Getenv("MOAT_HOME"), os.Getenv("XDG_DATA_HOME"); {
-	case h != "":
-		abs, err := filepath.Abs(h)
-		if err != nil {
-			return s, fmt.Errorf("resolving MOAT_HOME: %w", err)
-		}
-		s.Work = filepath.Join(abs, "agentstate")
-	case filepath.IsAbs(xdg):
-		s.Work = filepath.Join(xdg, "moat", "agentstate")
-	default:
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return s, fmt.Errorf("finding home directory (set MOAT_HOME instead): %w", err)
-		}
-		if h := sudoHome(); h != "" {
-			home = h
-		}
-		s.Work = filepath.Join(home, ".local", "share", "moat", "agentstate")
-	}
-	return s, nil
-}
-
-func sudoHome() string {
-	uid := os.Getenv("SUDO_UID")
-	if os.Geteuid() != 0 || uid == "" || uid == "0" {
-		return ""
-	}
-	u, err := user.LookupId(uid)
-	if err != nil {
-		return ""
-	}
-	return u.HomeDir
+	work, err := state.DataDir("agentstate")
+	return Store{State: filepath.Join(stateDir, "agentstate"), Work: work}, err
 }
 
 var projectJunk = regexp.MustCompile(`[^a-z0-9-]+`)

@@ -29,12 +29,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/user"
 	"path/filepath"
 	"sort"
 	"time"
 
 	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/state"
 )
 
 // ErrNoTicket is returned for a ticket that has no record.
@@ -89,42 +89,8 @@ type Store struct {
 // else in the XDG data directory ($XDG_DATA_HOME/moat/tickets,
 // ~/.local/share/moat/tickets, the home being the sudo user's under sudo).
 func NewStore(stateDir string) (Store, error) {
-	s := Store{State: filepath.Join(stateDir, "tickets")}
-	switch h, xdg := os.Getenv("MOAT_HOME"), os.Getenv("XDG_DATA_HOME"); {
-	case h != "":
-		abs, err := filepath.Abs(h)
-		if err != nil {
-			return s, fmt.Errorf("resolving MOAT_HOME: %w", err)
-		}
-		s.Work = filepath.Join(abs, "tickets")
-	case filepath.IsAbs(xdg):
-		s.Work = filepath.Join(xdg, "moat", "tickets")
-	default:
-		home, err := os.UserHomeDir()
-		if err != nil {
-			return s, fmt.Errorf("finding home directory (set MOAT_HOME instead): %w", err)
-		}
-		if h := sudoHome(); h != "" {
-			home = h
-		}
-		s.Work = filepath.Join(home, ".local", "share", "moat", "tickets")
-	}
-	return s, nil
-}
-
-// sudoHome is the home of the user who ran moat through sudo, or "": the
-// worktrees are that user's, and the git moat runs as that user must
-// reach them (root's home is closed to it).
-func sudoHome() string {
-	uid := os.Getenv("SUDO_UID")
-	if os.Geteuid() != 0 || uid == "" || uid == "0" {
-		return ""
-	}
-	u, err := user.LookupId(uid)
-	if err != nil {
-		return ""
-	}
-	return u.HomeDir
+	work, err := state.DataDir("tickets")
+	return Store{State: filepath.Join(stateDir, "tickets"), Work: work}, err
 }
 
 // Workspace is the directory holding a ticket's worktrees: the sandbox's
