@@ -139,6 +139,15 @@
 //	mcp_uri      string  the resource read (resources/*), at most 512 bytes
 //	mcp_arguments string the call's arguments as JSON, scrubbed of secret values and
 //	                     cut at 2 KiB; only when the server has audit_arguments = true
+//	namespace    string  the gate service on Kubernetes ([kubernetes]): the sandbox's
+//	                     namespace; sandbox is then the agent-sandbox Sandbox's name
+//	sandbox_uid  string  that Sandbox's UID
+//	pod          string  the sandbox's pod, which the client's address belonged to
+//	pod_uid      string  that pod's UID
+//	claim        string  the SandboxClaim that took the sandbox; omitted while it is
+//	                     a warm pool's (unclaimed)
+//	claim_uid    string  that claim's UID
+//	template     string  the SandboxTemplate the sandbox was made from
 //
 // Proto "mcp" is one JSON-RPC call to a declared MCP server, read inside a
 // request the gate terminated (a request that was carried has its own
@@ -235,6 +244,15 @@ type Record struct {
 	MCPTool      string `json:"mcp_tool,omitempty"`
 	MCPURI       string `json:"mcp_uri,omitempty"`
 	MCPArguments string `json:"mcp_arguments,omitempty"`
+	// Added with the gate service on Kubernetes; see the package
+	// documentation.
+	Namespace  string `json:"namespace,omitempty"`
+	SandboxUID string `json:"sandbox_uid,omitempty"`
+	Pod        string `json:"pod,omitempty"`
+	PodUID     string `json:"pod_uid,omitempty"`
+	Claim      string `json:"claim,omitempty"`
+	ClaimUID   string `json:"claim_uid,omitempty"`
+	Template   string `json:"template,omitempty"`
 }
 
 // Step is one check that looked at a connection or request, in a record's

@@ -58,6 +58,10 @@ type Options struct {
 	Interval time.Duration
 	// Logger hears of records that could not be written (nil: nowhere).
 	Logger *slog.Logger
+	// Stamp, when set, completes each record before anything else sees
+	// it: a log shared by many clients (the gate service's on
+	// Kubernetes) adds who each record's client is.
+	Stamp func(*Record)
 
 	// For Open and the tests: the size of one file and the number of
 	// rotated files, both series alike, instead of shares of MaxBytes.
@@ -220,6 +224,9 @@ func newLog(path string, o Options) (*Log, error) {
 // the count is written later as a dropped record. Write after Close does
 // nothing. Safe for concurrent use.
 func (l *Log) Write(r Record) {
+	if l.o.Stamp != nil {
+		l.o.Stamp(&r)
+	}
 	r.Schema = Schema
 	if r.Time.IsZero() {
 		r.Time = l.o.now()
