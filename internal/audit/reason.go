@@ -220,6 +220,22 @@ func ReverseForwardFailed(err error) Reason {
 	return ReasonReverseForward.detail("the host's port did not answer: " + err.Error())
 }
 
+// ReasonMCPLocal: a request to a host-local MCP server ([mcp.NAME] with
+// an http://127.0.0.1:PORT URL) at the gateway's PORT, decided by the
+// server's rules and carried to the host's loopback.
+const ReasonMCPLocal Reason = "host-local MCP server"
+
+// NotMCPLocalPath: a request on a host-local MCP server's gateway port
+// outside the path the declaration names (paths).
+func NotMCPLocalPath(paths string) Reason {
+	return ReasonMCPLocal.detail("only " + paths + " is served on this port")
+}
+
+// MCPLocalFailed: the host-local MCP server did not answer (err).
+func MCPLocalFailed(err string) Reason {
+	return ReasonMCPLocal.detail("the host's port did not answer: " + err)
+}
+
 // DNS reasons: the query's type, and what became of it.
 
 // DNSAnswered: a query of qtype answered by the host's resolver.

@@ -5,6 +5,14 @@ package config
 // through the gate as request rules of the file's own network layer, so
 // the gate terminates TLS to it and a project's declaration needs the
 // user's consent like any other network.allow (the consent lists it).
+//
+// A URL on http://127.0.0.1:PORT is a server on the host's own loopback
+// (an editor's, a local tool's). It allows nothing in the policy: the
+// guest reaches it at the gateway's PORT, where the gate reads its
+// requests as it reads a remote server's (docs/mcp.md, "Servers on the
+// host"). The one spelling is deliberate: "localhost" may name ::1,
+// other 127/8 addresses are other services, and the daemon dials the
+// IPv4 loopback only.
 
 import (
 	"fmt"
@@ -40,13 +48,36 @@ type MCPServer struct {
 	// AuditArguments writes each call's arguments to the audit.
 	AuditArguments bool   `json:"audit_arguments,omitempty"`
 	Source         string `json:"source,omitempty"` // the file that declared it
+	// Local says the server is on the host's loopback: Host is
+	// LocalHost, and the guest reaches it at the gateway's Port.
+	Local bool `json:"local,omitempty"`
+}
+
+// LocalHost is the one host a host-local server's URL names.
+const LocalHost = "127.0.0.1"
+
+// GuestURL is the URL the agent in the guest uses: the declared one,
+// except that a host-local server is at gateway (the guest's address for
+// the host) on the same port.
+func (s MCPServer) GuestURL(gateway string) string {
+	if !s.Local {
+		return s.URL
+	}
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		return s.URL // checked when the file was read: cannot happen
+	}
+	u.Host = net.JoinHostPort(gateway, strconv.Itoa(int(s.Port)))
+	return u.String()
 }
 
 // AllowEntries are the request rules that let the server's URL through:
 // its path and everything below it, any method.
 func (s MCPServer) AllowEntries() []string {
-	if s.Host == "" {
-		return nil // a command: nothing to allow
+	if s.Host == "" || s.Local {
+		// A command: nothing to allow. A host-local server: the policy
+		// does not decide the gateway's ports, the declaration does.
+		return nil
 	}
 	hp := s.Host + ":" + strconv.Itoa(int(s.Port))
 	if s.Path == "/" {
@@ -104,6 +135,12 @@ func (c *checker) mcp(raw map[string]rawMCP) map[string]MCPServer {
 			continue
 		}
 		s.Name, s.Source, s.AuditArguments = name, c.path, r.AuditArguments
+		if r.Secret != nil && s.Local {
+			// The gate swaps a placeholder only for the host a secret
+			// is bound to, by name; the host's loopback has none.
+			c.fail(key+".secret", "a server on the host's loopback gets no secret swapped in; remove secret (the server runs on your machine: give it its token there)")
+			continue
+		}
 		if r.Secret != nil {
 			if !isEnvName(*r.Secret) {
 				c.fail(key+".secret", "%q is not a secret's name; write the NAME of a [secrets.NAME] entry", *r.Secret)
@@ -156,12 +193,22 @@ func (c *checker) mcpURL(key, v string) (MCPServer, bool) {
 	}
 	useSecret := "put the credential in a secret instead: [secrets.NAME] with from = \"env:VAR\" and hosts = [\"" +
 		u.Hostname() + "\"], then secret = \"NAME\" here"
+	local, ok := c.mcpLocalHost(key, v, u)
+	if !ok {
+		return s, false
+	}
 	switch {
 	case u.User != nil:
 		c.fail(key, "the URL carries credentials (user info); remove them and %s", useSecret)
 		return s, false
-	case u.Scheme != "https":
-		c.fail(key, "%q: the gate reads MCP traffic over https only; write an https:// URL", v)
+	case local && u.Scheme != "http":
+		c.fail(key, "%q: a server on the host's loopback is reached over plain http (its bytes never leave the host, and the gate reads them); write \"http://127.0.0.1:%s%s\"", v, portOr(u, "PORT"), u.EscapedPath())
+		return s, false
+	case local && u.Port() == "":
+		c.fail(key, "%q: name the port the server listens on, e.g. \"http://127.0.0.1:7777%s\"", v, u.EscapedPath())
+		return s, false
+	case !local && u.Scheme != "https":
+		c.fail(key, "%q: the gate reads MCP traffic over https only; write an https:// URL (or http://127.0.0.1:PORT/PATH for a server on this host's loopback)", v)
 		return s, false
 	case u.Fragment != "" || strings.Contains(v, "#"):
 		c.fail(key, "%q has a fragment; remove it", v)
@@ -179,7 +226,10 @@ func (c *checker) mcpURL(key, v string) (MCPServer, bool) {
 		}
 	}
 	host, err := policy.NormalizeName(u.Hostname())
-	if err != nil || net.ParseIP(u.Hostname()) != nil {
+	if local {
+		host, err = LocalHost, nil
+	}
+	if err != nil || (!local && net.ParseIP(u.Hostname()) != nil) {
 		c.fail(key, "%q: the server needs a host name (the gate decides MCP by name), not an address", v)
 		return s, false
 	}
@@ -195,6 +245,14 @@ func (c *checker) mcpURL(key, v string) (MCPServer, bool) {
 	if s.Path == "" {
 		s.Path = "/"
 	}
+	if local {
+		if s.Port == 53 {
+			c.fail(key, "%q: port 53 is the gateway's DNS in the guest; run the server on another port", v)
+			return s, false
+		}
+		s.Local = true
+		return s, true
+	}
 	for _, e := range s.AllowEntries() {
 		if _, err := policy.ParseEntry(e); err != nil {
 			c.fail(key, "%q: its path cannot be a gate rule: %v", v, err)
@@ -202,6 +260,31 @@ func (c *checker) mcpURL(key, v string) (MCPServer, bool) {
 		}
 	}
 	return s, true
+}
+
+// mcpLocalHost reports whether u names the host's loopback, and refuses
+// the spellings of it other than 127.0.0.1: "localhost" (which may be
+// ::1, or anything /etc/hosts says), ::1, other 127/8 addresses and the
+// unspecified addresses. One spelling means one port on one address is
+// opened to the guest, the one the user reads.
+func (c *checker) mcpLocalHost(key, v string, u *url.URL) (local, ok bool) {
+	h := strings.ToLower(strings.TrimSuffix(u.Hostname(), "."))
+	if h == LocalHost {
+		return true, true
+	}
+	ip := net.ParseIP(h)
+	if h == "localhost" || strings.HasSuffix(h, ".localhost") || ip != nil && (ip.IsLoopback() || ip.IsUnspecified()) {
+		c.fail(key, "%q: write the host's loopback as 127.0.0.1, e.g. \"http://127.0.0.1:%s%s\" (moat reaches the host's IPv4 loopback only, and localhost may name ::1)", v, portOr(u, "PORT"), u.EscapedPath())
+		return false, false
+	}
+	return false, true
+}
+
+func portOr(u *url.URL, def string) string {
+	if p := u.Port(); p != "" {
+		return p
+	}
+	return def
 }
 
 // mcpPatterns checks tools or resources patterns: "*" globs, "!" refuses.
@@ -229,6 +312,9 @@ func (c *checker) mcpPatterns(key string, v []string) []string {
 // validateMCP checks what spans files: each server's secret is defined
 // and bound to the server's host.
 func (c Config) validateMCP() error {
+	if err := c.validateLocalMCP(); err != nil {
+		return err
+	}
 	for _, s := range SortedMCP(c.Network.MCP) {
 		if s.Secret == "" {
 			continue
@@ -249,6 +335,43 @@ func (c Config) validateMCP() error {
 				strings.Join(sec.Hosts, ", "), s.Host, s.Host, sec.Source)
 			return &out
 		}
+	}
+	return nil
+}
+
+// validateLocalMCP refuses a host-local server whose port a reverse
+// forward also names: on the gateway's side the two would claim one
+// port, and on the host's side the forward would carry raw bytes to the
+// server the declaration meant to decide call by call. Two servers on
+// one port and path would leave which rules apply to chance.
+func (c Config) validateLocalMCP() error {
+	seen := map[string]string{}
+	for _, s := range SortedMCP(c.Network.MCP) {
+		if !s.Local {
+			continue
+		}
+		key := "mcp." + s.Name + ".url"
+		out := Error{File: s.Source, Key: key}
+		if e := c.origin[key]; e != nil {
+			out = *e
+			out.Key = key
+		}
+		for _, f := range c.Forwards.Reverse {
+			switch {
+			case f.Guest == s.Port:
+				out.Msg = fmt.Sprintf("gateway port %d is both MCP server %s's and the reverse forward %d:%d's in [forwards]; give the forward another guest port", s.Port, s.Name, f.Host, f.Guest)
+				return &out
+			case f.Host == s.Port:
+				out.Msg = fmt.Sprintf("the reverse forward %d:%d in [forwards] reaches MCP server %s's port around its rules; remove the forward (the guest reaches the server at the gateway's port %d)", f.Host, f.Guest, s.Name, s.Port)
+				return &out
+			}
+		}
+		at := strconv.Itoa(int(s.Port)) + strings.ToLower(s.Path)
+		if other, ok := seen[at]; ok {
+			out.Msg = fmt.Sprintf("MCP servers %s and %s are both at 127.0.0.1:%s; declare the server once", other, s.Name, at)
+			return &out
+		}
+		seen[at] = s.Name
 	}
 	return nil
 }
@@ -280,6 +403,11 @@ func (c *Config) mergeMCP(f *File) {
 		key := "mcp." + name + ".secret"
 		delete(c.origin, key)
 		if f.MCP[name].Secret != "" {
+			c.origin[key] = where(f.Path, f.ix, key)
+		}
+		key = "mcp." + name + ".url"
+		delete(c.origin, key)
+		if f.MCP[name].Local {
 			c.origin[key] = where(f.Path, f.ix, key)
 		}
 	}

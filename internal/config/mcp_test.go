@@ -131,3 +131,59 @@ func TestMCPMergeReplacesWhole(t *testing.T) {
 		t.Errorf("layers allowing the URL: %q", layers)
 	}
 }
+
+func TestMCPLocal(t *testing.T) {
+	f, err := Parse("/p/moat.toml", []byte("[mcp.ed]\nurl = \"http://127.0.0.1:7777/mcp\"\ntools = [\"read_*\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := f.MCP["ed"]
+	if !s.Local || s.Host != LocalHost || s.Port != 7777 || s.Path != "/mcp" || len(f.Network.Allow) != 0 {
+		t.Errorf("ed = %+v, network.allow %q (a local server allows nothing in the policy)", s, f.Network.Allow)
+	}
+	if got, want := s.GuestURL("10.88.0.1"), "http://10.88.0.1:7777/mcp"; got != want {
+		t.Errorf("GuestURL = %q, want %q", got, want)
+	}
+	if r := (MCPServer{URL: "https://a.example.com/mcp"}); r.GuestURL("10.88.0.1") != r.URL {
+		t.Errorf("a remote server's GuestURL changed: %q", r.GuestURL("10.88.0.1"))
+	}
+	for _, tc := range []struct{ toml, want string }{
+		{`url = "http://localhost:7777/mcp"`, `write the host's loopback as 127.0.0.1, e.g. "http://127.0.0.1:7777/mcp"`},
+		{`url = "http://[::1]:7777/mcp"`, "as 127.0.0.1"},
+		{`url = "http://127.0.0.2:7777/mcp"`, "as 127.0.0.1"},
+		{`url = "http://0.0.0.0:7777/mcp"`, "as 127.0.0.1"},
+		{`url = "http://a.localhost:7777/mcp"`, "as 127.0.0.1"},
+		{`url = "https://127.0.0.1:7777/mcp"`, `plain http`},
+		{`url = "http://127.0.0.1/mcp"`, "name the port"},
+		{`url = "http://127.0.0.1:53/mcp"`, "DNS"},
+		{`url = "http://u:p@127.0.0.1:7777/mcp"`, "credentials"},
+		{`url = "http://127.0.0.1:7777/mcp?token=abc"`, "looks like a credential"},
+		{"url = \"http://127.0.0.1:7777/mcp\"\nsecret = \"A\"", "gets no secret"},
+	} {
+		_, err := Parse("moat.toml", []byte("[mcp.s]\n"+tc.toml+"\n"))
+		if err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "moat.toml:") {
+			t.Errorf("%s: err = %v, want one naming the file and containing %q", tc.toml, err, tc.want)
+		}
+	}
+}
+
+func TestMCPLocalMeetsForwards(t *testing.T) {
+	user := mustParse(t, "/u/config.toml", "[forwards]\nreverse = [\"5432\"]\n")
+	for _, tc := range []struct{ proj, want string }{
+		{"[mcp.ed]\nurl = \"http://127.0.0.1:7777/mcp\"", ""},
+		{"[mcp.ed]\nurl = \"http://127.0.0.1:5432/mcp\"", "gateway port 5432 is both"},
+		{"[forwards]\nreverse = [\"7777:17777\"]\n\n[mcp.ed]\nurl = \"http://127.0.0.1:7777/mcp\"", "around its rules"},
+		{"[mcp.a]\nurl = \"http://127.0.0.1:7777/mcp\"\n\n[mcp.b]\nurl = \"http://127.0.0.1:7777/MCP/\"", "both at 127.0.0.1:7777/mcp"},
+		{"[mcp.a]\nurl = \"http://127.0.0.1:7777/a\"\n\n[mcp.b]\nurl = \"http://127.0.0.1:7777/b\"", ""},
+	} {
+		err := Merge(user, mustParse(t, "/p/moat.toml", tc.proj)).Validate()
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: %v", tc.proj, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: err = %v, want %q", tc.proj, err, tc.want)
+		case tc.want != "" && !strings.HasPrefix(err.Error(), "/p/moat.toml:"):
+			t.Errorf("%s: %v does not name the declaring file", tc.proj, err)
+		}
+	}
+}

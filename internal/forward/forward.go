@@ -232,6 +232,23 @@ func reverseFlag(reverse bool) string {
 	return ""
 }
 
+// CheckMCP refuses a reverse forward that would meet a host-local MCP
+// server ([mcp.NAME] url = "http://127.0.0.1:PORT/..."): on the gateway's
+// side the server owns its port, and a forward to the server's host port
+// would carry raw bytes to it, around the rules its declaration sets.
+func CheckMCP(servers map[string]config.MCPServer, f state.Forward) error {
+	for _, s := range config.SortedMCP(servers) {
+		switch {
+		case !s.Local:
+		case f.Guest == s.Port:
+			return fmt.Errorf("%w: gateway port %d is MCP server %s's (%s); pick another guest port", ErrSpec, f.Guest, s.Name, s.Source)
+		case f.Host == s.Port:
+			return fmt.Errorf("%w: host port %d is MCP server %s's (%s), which the guest reaches through the gate's rules at 10.88.0.1:%d; a forward would bypass them", ErrSpec, f.Host, s.Name, s.Source, s.Port)
+		}
+	}
+	return nil
+}
+
 // Table is the reverse forwards as the netstack's front end asks them:
 // gateway port → host port. A Table is immutable; the daemon swaps in a
 // new one on each change, so a lookup never takes a lock.

@@ -3,6 +3,7 @@ package forward
 import (
 	"errors"
 	"reflect"
+	"strings"
 	"testing"
 
 	"moat.dev/moat/internal/config"
@@ -166,5 +167,28 @@ func TestReverseTable(t *testing.T) {
 	}
 	if _, ok := Table(nil).Lookup(5432); ok {
 		t.Error("an empty table opened a port")
+	}
+}
+
+func TestCheckMCP(t *testing.T) {
+	servers := map[string]config.MCPServer{
+		"ed":     {Name: "ed", Local: true, Host: "127.0.0.1", Port: 7777, Source: "/p/moat.toml"},
+		"remote": {Name: "remote", Host: "mcp.example.com", Port: 5432},
+	}
+	for _, tc := range []struct {
+		f    state.Forward
+		want string
+	}{
+		{state.Forward{Host: 5432, Guest: 5432}, ""},
+		{state.Forward{Host: 8000, Guest: 7777}, "gateway port 7777 is MCP server ed's"},
+		{state.Forward{Host: 7777, Guest: 17777}, "would bypass them"},
+	} {
+		err := CheckMCP(servers, tc.f)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%+v: %v", tc.f, err)
+		case tc.want != "" && (err == nil || !errors.Is(err, ErrSpec) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%+v: err = %v, want %q", tc.f, err, tc.want)
+		}
 	}
 }

@@ -125,7 +125,8 @@ type Gate struct {
 	pool   *Pool
 	binds  *Bindings
 	dns    *DNSServer
-	m      *mitm // nil without Certs: nothing is intercepted
+	m      *mitm     // nil without Certs: nothing is intercepted
+	local  *mcpLocal // nil without host-local MCP servers (mcplocal.go)
 
 	// hostMu guards hostAddrs, refreshed at most every hostAddrsTTL.
 	hostMu    sync.Mutex
@@ -195,6 +196,7 @@ func New(o Options) *Gate {
 	} else {
 		g.o.Certs = nil
 	}
+	g.local = g.newMCPLocal()
 	g.dns = NewDNSServer(DNSOptions{
 		Decide:   g.decideDNSName,
 		Resolver: o.Resolver,

@@ -29,7 +29,8 @@ package gate
 //     their batch. Forwarding only the allowed members would mean
 //     merging the server's answer with the gate's, and batches left the
 //     protocol in its 2025-06-18 revision.
-// mcpserve.go carries it over HTTP.
+// mcpserve.go carries it over HTTP; mcplocal.go serves host-local
+// servers at the gateway's ports.
 
 import (
 	"bytes"
@@ -56,6 +57,9 @@ type MCPServer struct {
 	AuditArguments bool
 	// Source is the file that declared it (for the refusal's hint).
 	Source string
+	// Local: the server is on the host's loopback, Host:Port, and the
+	// guest reaches it at the gateway's Port (mcplocal.go).
+	Local bool
 }
 
 // MCPServers converts the configuration's servers, sorted by name.
@@ -66,7 +70,7 @@ func MCPServers(m map[string]config.MCPServer) []MCPServer {
 			continue // a command: its calls never leave the guest
 		}
 		out = append(out, MCPServer{Name: s.Name, Host: s.Host, Port: s.Port, Path: s.Path,
-			Tools: s.Tools, Resources: s.Resources, AuditArguments: s.AuditArguments, Source: s.Source})
+			Tools: s.Tools, Resources: s.Resources, AuditArguments: s.AuditArguments, Source: s.Source, Local: s.Local})
 	}
 	return out
 }

@@ -66,7 +66,7 @@ func (g *Gate) mcpFor(ic *interception, r *http.Request) *MCPServer {
 	}
 	for i := range g.o.MCP {
 		s := &g.o.MCP[i]
-		if s.Host == name && s.Port == ic.port && mcpPathUnder(r.URL.EscapedPath(), s.Path) {
+		if !s.Local && s.Host == name && s.Port == ic.port && mcpPathUnder(r.URL.EscapedPath(), s.Path) {
 			return s
 		}
 	}
@@ -81,7 +81,7 @@ func (g *Gate) mcpDeclared(name string) bool {
 		return false
 	}
 	for _, s := range g.o.MCP {
-		if s.Host == n {
+		if !s.Local && s.Host == n {
 			return true
 		}
 	}
@@ -118,6 +118,14 @@ func mcpPathUnder(p, prefix string) bool {
 func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s *MCPServer) bool {
 	st := &mcpState{server: s}
 	rs.mcp = st
+	if up := r.Header.Get("Upgrade"); up != "" {
+		// After a 101 the proxy copies bytes both ways, unread: calls
+		// inside a WebSocket would pass no rule. Streamable HTTP has no
+		// upgrade.
+		g.mcpRefuseBody(w, rs, http.StatusBadRequest, audit.ReasonMCPMethod,
+			fmt.Sprintf("an upgrade to %q, inside which the gate could not read the calls; MCP's streamable HTTP has none", clip(up, 32)))
+		return false
+	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete:
 		r.Header.Del("Accept-Encoding") // a GET's stream is filtered
