@@ -78,7 +78,11 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 			} else if !slices.Contains(s.Tools, "*") {
 				what = "the tools " + clipList(s.Tools, 12)
 			}
-			out = append(out, fmt.Sprintf("%s: mcp.%s lets the agent use MCP server %s, %s", s.Source, s.Name, s.URL, what))
+			where := "MCP server " + s.URL
+			if s.Local {
+				where = "the MCP server on this host's " + s.URL
+			}
+			out = append(out, fmt.Sprintf("%s: mcp.%s lets the agent use %s, %s", s.Source, s.Name, where, what))
 		}
 	}
 	for _, src := range cfg.SSHAgent.Sources {

@@ -88,7 +88,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 				if r.Forwards == nil {
 					r.Forwards = &state.RuntimeForwards{}
 				}
-				err = daemon.ApplyForwardChange(r.Forwards, cfg.Forwards, args[0], ch)
+				err = daemon.ApplyForwardChange(r.Forwards, cfg, args[0], ch)
 				if errors.Is(err, forward.ErrSpec) {
 					return withCode(ExitUsage, err)
 				}

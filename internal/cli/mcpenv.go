@@ -2,6 +2,7 @@ package cli
 
 import (
 	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/preset"
 )
 
@@ -13,7 +14,8 @@ import (
 func withMCPEnv(cfg config.Config, sessEnv map[string]string) map[string]string {
 	var servers []preset.MCPServer
 	for _, s := range config.SortedMCP(cfg.Network.MCP) {
-		ps := preset.MCPServer{Name: s.Name, URL: s.URL, Command: s.Command, Secret: s.Secret}
+		// A host-local server is at the gateway's port in the guest.
+		ps := preset.MCPServer{Name: s.Name, URL: s.GuestURL(netstack.Gateway.String()), Command: s.Command, Secret: s.Secret}
 		if s.Secret != "" {
 			ps.Header, ps.Bearer = "Authorization", true
 			if h := cfg.Secrets[s.Secret].Header; h != "" {

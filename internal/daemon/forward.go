@@ -286,7 +286,7 @@ func join(a, b net.Conn) (ab, ba int64) {
 // reverse forward lists it. Every other is refused, and the refusal is
 // audited and counted as a denial, like the gate's.
 func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
-	if _, ok := f.table.Load().Lookup(port); ok {
+	if _, ok := f.table.Load().Lookup(port); ok || f.localMCP(port) {
 		return true
 	}
 	f.audit(audit.Record{Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Deny,
@@ -298,6 +298,14 @@ func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
 // the forward's host port before completing the guest's handshake, so a
 // host service that is down is "connection refused" in the guest too.
 func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Conn, error)) {
+	if f.localMCP(port) {
+		// A host-local MCP server's port: the gate reads and decides
+		// every request, then dials the host (gate/mcplocal.go).
+		if g, err := accept(); err == nil {
+			f.d.net.gate.ServeLocalMCP(f.ctx, g, port)
+		}
+		return
+	}
 	hostPort, ok := f.table.Load().Lookup(port)
 	if !ok {
 		return // removed between the SYN and now: reset
@@ -337,6 +345,12 @@ func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Con
 	rec.BytesUp, rec.BytesDown = join(g, h)
 	rec.DurationMS = time.Since(start).Milliseconds()
 	f.audit(rec)
+}
+
+// localMCP reports whether a host-local MCP server is declared on the
+// gateway's port. The configuration refuses a reverse forward on it.
+func (f *forwards) localMCP(port uint16) bool {
+	return f.d.net != nil && f.d.net.gate.LocalMCPPort(port)
 }
 
 func gatewayDst(port uint16) string {
@@ -401,7 +415,7 @@ func ForwardOf(e forward.Entry, status, why string) control.Forward {
 
 // ApplyForwardChange changes the runtime forwards in rt (the record's) as
 // ch says, against the configuration's forwards cfg.
-func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string, ch control.ForwardChange) error {
+func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Config, sandbox string, ch control.ForwardChange) error {
 	fw, pair, err := forward.Parse(ch.Spec)
 	if err != nil {
 		return err
@@ -411,9 +425,14 @@ func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox 
 		if fw.Address, err = forward.CheckAddress(ch.Address); err != nil {
 			return err
 		}
-		return forward.Add(rt, cfg, sandbox, ch.Reverse, fw)
+		if ch.Reverse {
+			if err := forward.CheckMCP(cfg.Network.MCP, fw); err != nil {
+				return err
+			}
+		}
+		return forward.Add(rt, cfg.Forwards, sandbox, ch.Reverse, fw)
 	case "remove":
-		_, err := forward.Remove(rt, cfg, sandbox, ch.Reverse, fw, pair)
+		_, err := forward.Remove(rt, cfg.Forwards, sandbox, ch.Reverse, fw, pair)
 		return err
 	default:
 		return fmt.Errorf("%w: unknown operation %q: use add or remove", forward.ErrSpec, ch.Op)
@@ -437,7 +456,7 @@ func (f *forwards) change(ch control.ForwardChange) error {
 			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
 		}
 		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := ApplyForwardChange(rt, cfg.Forwards, filepath.Base(f.d.o.Dir), ch); err != nil {
+		if err := ApplyForwardChange(rt, cfg, filepath.Base(f.d.o.Dir), ch); err != nil {
 			return err
 		}
 		f.sync(forward.Entries(cfg.Forwards, rt))
