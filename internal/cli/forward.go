@@ -59,7 +59,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 		Example: fmt.Sprintf("  moat forward %s api 8080:80\n  moat forward %s --reverse api 5432", op, op),
 		Args:    cobra.ExactArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			_, dir, _, err := sandboxNamed(args[0])
+			_, dir, rec, err := sandboxNamed(args[0])
 			if err != nil {
 				return err
 			}
@@ -76,7 +76,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 				}
 			}
 			running := false
-			err = sandboxAt(dir).change(10*time.Second, func(ctx context.Context, c *control.Client) error {
+			err = changeForwards(dir, rec, 10*time.Second, func(ctx context.Context, c *control.Client) error {
 				running = true
 				_, err := c.ChangeForward(ctx, ch)
 				return err
@@ -101,7 +101,11 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 			verb := map[string]string{"add": "forwarding", "remove": "removed"}[op]
 			fmt.Fprintf(os.Stderr, "moat: %s %s → %s for %s\n", verb, describeListen(w), describeTarget(w), args[0])
 			if !running && op == "add" {
-				fmt.Fprintf(os.Stderr, "moat: %s is not running; the forward starts with it: moat up %s\n", args[0], args[0])
+				start := "moat up " + args[0]
+				if rec.Runtime == runtimeDocker {
+					start = "moat exec " + args[0] + " -- true" // it starts with a session
+				}
+				fmt.Fprintf(os.Stderr, "moat: %s is not running; the forward starts with it: %s\n", args[0], start)
 			}
 			return nil
 		},
@@ -163,7 +167,11 @@ whether it is listening now.`,
 // forwardsOf asks the running daemon, or reads the record of a stopped
 // sandbox.
 func forwardsOf(dir string, rec *state.Record) ([]control.Forward, error) {
-	if f, ok := ask(sandboxAt(dir), 10*time.Second, (*control.Client).Forwards); ok {
+	if rec.Runtime == runtimeDocker {
+		if fs, ok := dockerForwards(dir); ok {
+			return fs, nil
+		}
+	} else if f, ok := ask(sandboxAt(dir), 10*time.Second, (*control.Client).Forwards); ok {
 		return f.Forwards, nil
 	}
 	cfg, err := rec.Snapshot()

@@ -71,6 +71,11 @@
 //	                                    basics, never moat's)
 //	moat-docker stop DIR                {"schema":1}
 //	moat-docker down DIR                {"schema":1}
+//	moat-docker forward DIR PID         the sandbox's port forwards, held until
+//	                                    PID (the workload's init, on the host)
+//	                                    exits; started by up, detached, its
+//	                                    output in docker-forward.log
+//	                                    (forward.go)
 //
 // The result is one JSON object on stdout, on exit code 0. Every other
 // line on stderr is for the user (warnings), and moat passes it on as it

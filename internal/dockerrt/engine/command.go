@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -23,6 +24,8 @@ package doc.
   moat-docker up < OPTIONS-JSON        start the sandbox at DIR unless it runs
   moat-docker stop DIR                 stop its containers, keep them
   moat-docker down DIR                 remove its containers and networks
+  moat-docker forward DIR PID          hold the sandbox's port forwards while PID
+                                       (the workload's init) lives; up starts it
   moat-docker version                  this binary's version
 
 Results are JSON on stdout; errors are on stderr, each line beginning
@@ -69,10 +72,19 @@ type done struct {
 }
 
 func run(ctx context.Context, op string, args []string, stdin io.Reader) (any, error) {
-	want := map[string]int{"info": 0, "prepare": 3, "up": 0, "stop": 1, "down": 1}
+	want := map[string]int{"info": 0, "prepare": 3, "up": 0, "stop": 1, "down": 1, "forward": 2}
 	n, ok := want[op]
 	if !ok || len(args) != n {
 		return nil, fmt.Errorf("%s %q: %w", op, args, errUsage)
+	}
+	if op == "forward" {
+		// Asks nothing of the engine: the workload's namespace and the
+		// record are all it needs.
+		pid, err := strconv.Atoi(args[1])
+		if err != nil || pid <= 1 {
+			return nil, fmt.Errorf("forward: %q is not the workload's pid: %w", args[1], errUsage)
+		}
+		return done{1}, Forward(ctx, args[0], pid)
 	}
 	var o dockerrt.Options
 	if op == "up" {

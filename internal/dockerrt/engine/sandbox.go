@@ -55,6 +55,14 @@ func Up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	}
 	if c.State != nil {
 		r.WorkStarted = c.State.StartedAt
+		// The forwards, whether or not any is configured: `moat forward
+		// add` needs something live to ask. A forwarder that cannot start
+		// does not stop the session.
+		if c.State.Pid > 0 {
+			if err := startForwarder(o.Dir, c.State.Pid); err != nil && o.Warn != nil {
+				fmt.Fprintf(o.Warn, "moat: sandbox %q: port forwards are not served: %v\n", r.Name, err)
+			}
+		}
 	}
 	return r, nil
 }

@@ -1,0 +1,88 @@
+package dockerrt
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"moat.dev/moat/internal/state"
+)
+
+// Port forwards on Docker ([forwards] and `moat forward`, both
+// directions) are held by a forwarder, `moat-docker forward DIR PID`,
+// one per running sandbox: `moat-docker up` starts it, detached, once
+// the workload answers, and it ends when the workload's init (PID, on
+// the host) exits, so it lives exactly as long as the workload does:
+// `moat down`, `moat destroy`, a host reboot, a workload that died or
+// that Docker restarted all end it, with no cleanup code, and the next
+// start starts a new one. A Docker sandbox has no per-sandbox daemon to
+// hold the listeners, and the gate container cannot: the host's
+// 127.0.0.1 is not in its namespace, and Docker publishes a port only
+// when a container is created, so `moat forward add` could not be live.
+//
+//	host → guest  the forwarder listens on the host (127.0.0.1 unless
+//	              --address) and dials the workload's address on the
+//	              internal bridge, as the CLI reaches the guest agent:
+//	              the host's connections and their replies are what the
+//	              host's INPUT guard lets through.
+//	guest → host  the forwarder listens inside the workload's network
+//	              namespace, on ReverseAddr (added to its loopback
+//	              device), and dials the host's 127.0.0.1:HOST: the
+//	              listener is a socket the workload can connect to but
+//	              not touch, no packet crosses the bridge, and every
+//	              other port of ReverseAddr is refused by the
+//	              workload's own kernel. The host's guard stays as it
+//	              is: nothing on the bridge reaches the host.
+//
+// The forwarder answers the control API's forward endpoints
+// (internal/control: GET and POST /v1/forwards, the same bodies as a
+// gVisor daemon's) on ForwardSocket, so `moat forward add|remove|list`
+// act on it as on a daemon; while it does not run they edit the
+// record, which the next start reads.
+
+// ReverseAddr is where the workload reaches its reverse forwards: the
+// address a gVisor sandbox's gateway has (netstack.Gateway), so that a
+// project's settings (DATABASE_URL=...@10.88.0.1:5432) work on both
+// runtimes.
+var ReverseAddr = netip.MustParseAddr("10.88.0.1")
+
+// ForwardSocket is the forwarder's control socket, root's alone.
+func ForwardSocket(dir string) string { return filepath.Join(dir, "docker-forward.sock") }
+
+// ForwardLock is held by the forwarder for its whole life.
+func ForwardLock(dir string) string { return filepath.Join(dir, "docker-forward.lock") }
+
+// ForwardPID holds the host PID of the workload init the forwarder
+// serves, written once it holds ForwardLock.
+func ForwardPID(dir string) string { return filepath.Join(dir, "docker-forward.pid") }
+
+// ForwardLog is the forwarder's log (its stderr), replaced at each start.
+func ForwardLog(dir string) string { return filepath.Join(dir, "docker-forward.log") }
+
+// ForwarderAlive says whether a forwarder holds dir's lock: the kernel
+// lets go of a flock when its process dies, so it cannot be stale.
+func ForwarderAlive(dir string) bool {
+	release, ok, err := state.TryLock(ForwardLock(dir))
+	if err != nil {
+		return false
+	}
+	if ok {
+		release()
+		return false
+	}
+	return true
+}
+
+// ForwarderServes says whether a forwarder runs for the workload whose
+// init is pid: one left from an earlier start is ending with its own
+// workload and does not count.
+func ForwarderServes(dir string, pid int) bool {
+	b, err := os.ReadFile(ForwardPID(dir))
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && n == pid && ForwarderAlive(dir)
+}
