@@ -19,9 +19,11 @@ cleanup() {
 }
 trap cleanup EXIT
 git worktree add --detach "$work/old" "$OLD" >/dev/null
-(cd "$work/old" && CGO_ENABLED=0 go build -o "$work/moat-old" ./cmd/moat)
-CGO_ENABLED=0 go build -o "$work/moat-new" ./cmd/moat
-export MOAT_BIN=$work/moat-new MOAT_BIN_OLD=$work/moat-old MOAT_RUNSC=$PWD/bin/runsc MOAT_BENCH_MEMORY=1
+# Every binary of each: moat runs a sandbox's processes from the
+# moat-sandbox beside it.
+(cd "$work/old" && CGO_ENABLED=0 go build -o "$work/bin-old/" ./cmd/...)
+CGO_ENABLED=0 go build -o "$work/bin-new/" ./cmd/...
+export MOAT_BIN=$work/bin-new/moat MOAT_BIN_OLD=$work/bin-old/moat MOAT_RUNSC=$PWD/bin/runsc MOAT_BENCH_MEMORY=1
 export R=${R:-3} IDLE=${IDLE:-500} STALLED=${STALLED:-200} SIZE_MIB=${SIZE_MIB:-1024} CONNECTS=${CONNECTS:-1000}
 echo "previous: $(git rev-parse --short "$OLD"), new: this tree" >&2
 if ! go test -count=1 -timeout 60m -run '^TestBenchMemory$' -v ./test/e2e/ >"$log" 2>&1; then

@@ -6,15 +6,20 @@ cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 export PATH=/usr/local/go/bin:$PATH
 go vet ./...
-# One built binary and one runsc shared by every end-to-end test. The
-# binary is bin/moat with the test-only hooks (-tags moattest: the gate
-# process's escape attempts, see internal/daemon/escape_moattest.go).
-# moat-test runs moat-gate and moat-docker from its own directory: the
-# ones setup.sh just built. The test hooks are in a sandbox's control API,
-# which neither serves, so moattest links of them would add hooks nothing
-# calls, at two more links' cost in CI.
-CGO_ENABLED=0 go build -trimpath -tags moattest -o bin/moat-test ./cmd/moat
-export MOAT_BIN=$PWD/bin/moat-test MOAT_RUNSC=$PWD/bin/runsc
+# One built moat and one runsc shared by every end-to-end test: bin/test/
+# holds moat and moat-sandbox with the test-only hooks (-tags moattest: the
+# gate process's escape attempts, see internal/daemon/escape_moattest.go),
+# and links to the other binaries that setup.sh just built (moat-gate,
+# moat-docker), which moat runs from its own directory like moat-sandbox.
+# The test hooks are in a sandbox's control API, which none of those
+# serves, so moattest links of them would add hooks nothing calls, at more
+# links' cost in CI.
+mkdir -p bin/test
+CGO_ENABLED=0 go build -trimpath -tags moattest -o bin/test/ ./cmd/moat ./cmd/moat-sandbox
+for b in bin/moat-*; do
+	[ "$b" = bin/moat-sandbox ] || ln -sfn "../${b#bin/}" bin/test/
+done
+export MOAT_BIN=$PWD/bin/test/moat MOAT_RUNSC=$PWD/bin/runsc
 # test/docker needs a Docker engine: scripts/docker.sh installs Debian's
 # docker.io when it is missing and starts dockerd. Its outcome reaches the
 # tests in MOAT_DOCKER: a failed set-up fails them with its reason; only a

@@ -2,16 +2,18 @@ package main
 
 import (
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// heavy are libraries that moat must not link: every moat process (the
-// CLI, and a sandbox's keeper, gate process, reaper and shim, all this
-// binary) pays their package init. Each belongs to one front end, which
-// is a binary of its own, its owner (docs/architecture.md, "Three
-// binaries"); the other binaries leave it out too.
+// heavy are libraries that moat and moat-sandbox must not link: every
+// moat process (the CLI, and a sandbox's keeper, gate process, reaper and
+// shim, which run moat-sandbox) pays their package init. Each belongs to
+// one front end, which is a binary of its own, its owner
+// (docs/architecture.md, "Four binaries"); the other binaries leave it
+// out too.
 var heavy = []struct{ prefix, why, owner string }{
 	{"github.com/docker/docker", "the Docker SDK", "moat-docker"},
 	{"github.com/distribution/reference", "the Docker SDK's image references: regexps compiled at init", "moat-docker"},
@@ -21,7 +23,7 @@ var heavy = []struct{ prefix, why, owner string }{
 }
 
 // commands are the binaries checked.
-var commands = []string{"moat", "moat-docker", "moat-gate"}
+var commands = []string{"moat", "moat-docker", "moat-gate", "moat-sandbox"}
 
 // TestHeavyDepsStayOut fails when a command links a library it must not,
 // and names the import chain that pulls it in, shortest first.
@@ -34,7 +36,7 @@ func TestHeavyDepsStayOut(t *testing.T) {
 	for _, c := range commands {
 		roots = append(roots, "moat.dev/moat/cmd/"+c)
 	}
-	// One go list for the three: the union of their graphs, each package
+	// One go list for them all: the union of their graphs, each package
 	// with what it imports (for the build's own GOOS and tags).
 	out, err := exec.Command(gobin, append([]string{"list", "-deps", "-f", "{{.ImportPath}}:{{join .Imports \" \"}}"}, roots...)...).Output()
 	if err != nil {
@@ -59,6 +61,51 @@ func TestHeavyDepsStayOut(t *testing.T) {
 			if chain := chainTo(graph, root, h.prefix); chain != nil {
 				t.Errorf("%s links %s (%s), which belongs in %s only; the import chain:\n  %s",
 					commands[i], chain[len(chain)-1], h.why, h.owner, strings.Join(chain, "\n  -> "))
+			}
+		}
+	}
+}
+
+// TestRolesSplit fails when the linker keeps in moat-sandbox the command
+// line, which every process of a sandbox would map for nothing, or keeps
+// in moat the roles that moat-sandbox runs: each binary's entry point
+// must reach only its own half of internal/cli.
+func TestRolesSplit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("links moat and moat-sandbox (some seconds); run without -short")
+	}
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("no go command on PATH (go test puts its own there): %v", err)
+	}
+	dir := t.TempDir()
+	build := exec.Command(gobin, "build", "-o", dir+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-sandbox")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building moat and moat-sandbox: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		binary string
+		absent []string // functions its entry point must not reach
+	}{
+		{"moat-sandbox", []string{"moat.dev/moat/internal/cli.newRoot", "github.com/spf13/cobra.(*Command).ExecuteC"}},
+		{"moat", []string{"moat.dev/moat/internal/cli.RoleMain", "moat.dev/moat/internal/guest.Init", "moat.dev/moat/internal/runtime.Shim"}},
+	} {
+		out, err := exec.Command(gobin, "tool", "nm", filepath.Join(dir, tc.binary)).Output()
+		if err != nil {
+			t.Fatalf("go tool nm %s: %v", tc.binary, err)
+		}
+		syms := map[string]bool{}
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) >= 3 {
+				syms[f[len(f)-1]] = true
+			}
+		}
+		if len(syms) < 1000 {
+			t.Fatalf("go tool nm %s listed %d symbols; is the binary stripped?", tc.binary, len(syms))
+		}
+		for _, s := range tc.absent {
+			if syms[s] {
+				t.Errorf("%s links %s", tc.binary, s)
 			}
 		}
 	}

@@ -69,6 +69,9 @@ func daemonMain(dir string) int {
 		}
 		return ExitError
 	}
+	if err := sameBuild(os.Getenv(buildEnv)); err != nil {
+		return fail(err)
+	}
 	secretEnv, err := daemon.ReadHandover()
 	if err != nil {
 		return fail(err)

@@ -106,6 +106,10 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	if err != nil {
 		return nil, err
 	}
+	guestInit, err := sandboxExe() // the container's init, as gVisor's guest's
+	if err != nil {
+		return nil, err
+	}
 	g, err := dockerGuest(dir, rec)
 	if err != nil {
 		return nil, err
@@ -134,7 +138,7 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	}
 	defer unlock()
 	r, err := h.Up(ctx, dockerrt.Options{
-		Dir: dir, Moat: e.exe, Gate: gate, Workspace: rec.Workspace, Guest: g,
+		Dir: dir, Moat: guestInit, Gate: gate, Workspace: rec.Workspace, Guest: g,
 		Policy: policy, Upstream: upstream, EgressSubnet: egress, Secrets: secrets,
 	})
 	if err != nil {

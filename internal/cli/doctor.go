@@ -45,6 +45,13 @@ Exits 4 when something is missing.`,
 					}
 					return true, strings.SplitN(string(out), "\n", 2)[0]
 				}, "build it with: ./scripts/setup.sh (or set MOAT_RUNSC)"},
+				{"moat-sandbox (a sandbox's own processes)", func() (bool, string) {
+					p, err := sandboxExe()
+					if err != nil {
+						return false, err.Error()
+					}
+					return true, p
+				}, "build it beside moat with: sudo scripts/setup.sh"},
 				{"/dev/net/tun", func() (bool, string) { return fileExists("/dev/net/tun"), "" }, "load the tun module: modprobe tun"},
 				{"overlayfs", func() (bool, string) {
 					b, _ := os.ReadFile("/proc/filesystems")

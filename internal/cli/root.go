@@ -1,121 +1,24 @@
-// Package cli is moat's command line, and the dispatch of the one binary's
-// other roles (daemon, shim, guest init with the guest agent inside), which
-// happens on argv before the command parser so that the guest and the
-// daemon never depend on flags meant for people.
+// Package cli is moat's command line (Main, the moat binary), and the
+// roles moat starts for a sandbox (RoleMain, the moat-sandbox binary:
+// daemon, shim, guest init with the guest agent inside), dispatched on
+// argv without the command parser so that the guest and the daemon never
+// depend on flags meant for people.
 package cli
 
 import (
 	"errors"
 	"fmt"
-	"io"
 	"os"
-	"strconv"
-	"syscall"
 
-	"github.com/pkg/sftp"
 	"github.com/spf13/cobra"
-
-	"moat.dev/moat/internal/daemon"
-	"moat.dev/moat/internal/guest"
-	"moat.dev/moat/internal/image"
-	"moat.dev/moat/internal/preset"
-	"moat.dev/moat/internal/resources"
-	"moat.dev/moat/internal/runtime"
-	"moat.dev/moat/internal/userns"
 )
 
 // Version is set at build time with -ldflags "-X moat.dev/moat/internal/cli.Version=...".
 var Version = "dev"
 
-// Main runs moat and returns its exit code.
+// Main runs moat's command line and returns its exit code. The roles
+// moat starts for a sandbox are moat-sandbox's (RoleMain), not its own.
 func Main(args []string) int {
-	if len(args) > 1 {
-		switch args[1] {
-		case "__init":
-			return guest.Init()
-		case "__shim":
-			if len(args) < 3 {
-				return ExitUsage
-			}
-			if err := runtime.Shim(args[2]); err != nil {
-				fmt.Fprintln(os.Stderr, "moat shim:", err)
-				return ExitError
-			}
-			return ExitOK
-		case "__sftp":
-			// In the guest, as the session's user: the sftp subsystem
-			// (scp, editors) on stdin and stdout.
-			srv, err := sftp.NewServer(struct {
-				io.Reader
-				io.WriteCloser
-			}{os.Stdin, os.Stdout})
-			if err != nil {
-				fmt.Fprintln(os.Stderr, "moat sftp:", err)
-				return ExitError
-			}
-			if err := srv.Serve(); err != nil && !errors.Is(err, io.EOF) {
-				fmt.Fprintln(os.Stderr, "moat sftp:", err)
-				return ExitError
-			}
-			return ExitOK
-		case "__sockowner":
-			// In the guest: which process owns a connection the gate holds.
-			if len(args) < 3 {
-				return ExitUsage
-			}
-			port, err := strconv.ParseUint(args[2], 10, 16)
-			if err != nil {
-				return ExitUsage
-			}
-			owner, err := guest.SockOwner(uint16(port))
-			if err != nil {
-				fmt.Fprintln(os.Stderr, err)
-				return ExitError
-			}
-			fmt.Println(owner)
-			return ExitOK
-		case resources.ReaperCommand:
-			// Removes a killed daemon's cgroup (resources.Reap).
-			if len(args) < 4 {
-				return ExitUsage
-			}
-			pid, err := strconv.Atoi(args[3])
-			if err != nil {
-				return ExitUsage
-			}
-			return resources.Reap(args[2], pid)
-		case preset.SeedRole:
-			// In the guest, as the session's user, in front of a preset's
-			// agent: its first-run settings, then exec.
-			return preset.SeedMain(args[2:], os.Stderr)
-		case "__daemon":
-			if len(args) < 3 {
-				return ExitUsage
-			}
-			return daemonMain(args[2])
-		case daemon.GateRole:
-			if len(args) < 3 {
-				return ExitUsage
-			}
-			// Rootless, the keeper starts it in a user namespace
-			// (keeper.go): its maps first.
-			if os.Getenv(userns.SyncEnv) != "" {
-				if err := userns.Wait(syscall.SIGKILL); err != nil {
-					fmt.Fprintln(os.Stderr, "moat gate:", err)
-					return ExitError
-				}
-			}
-			return gateMain(args[2])
-		case removeRole:
-			if len(args) < 3 {
-				return ExitUsage
-			}
-			return removeMain(args[2])
-		case image.Role:
-			// A rootless image store's unpacking and removal.
-			return image.RoleMain(args[2:])
-		}
-	}
 	root := newRoot()
 	root.SetArgs(args[1:])
 	err := root.Execute()

@@ -35,8 +35,12 @@ func (e *env) removeAll(dir string) error {
 	if cerr != nil {
 		return fmt.Errorf("%v (what is left belongs to your subordinate ids: %v)", err, cerr)
 	}
+	exe, err := sandboxExe()
+	if err != nil {
+		return err
+	}
 	var stderr bytes.Buffer
-	cmd := exec.Command(e.exe, removeRole, dir)
+	cmd := exec.Command(exe, removeRole, dir)
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cfg.Start(cmd); err != nil {

@@ -32,7 +32,7 @@ import (
 // binaries it runs.
 type env struct {
 	dirs  state.Dirs
-	exe   string // this binary
+	exe   string // this binary: moat, or in a sandbox's daemon moat-sandbox
 	runsc string
 	// trustProject accepts what a project file asks for beyond the
 	// sandbox (secrets, trusted roots) without asking: --trust-project.
@@ -284,7 +284,11 @@ func guestIDs(ws string) (int, int) {
 // unpacked in a user namespace (image.OpenRootless).
 func (e *env) images() (*image.Store, error) {
 	if rootless() {
-		return image.OpenRootless(e.dirs.Images(), e.exe)
+		exe, err := sandboxExe() // which holds image.Role
+		if err != nil {
+			return nil, err
+		}
+		return image.OpenRootless(e.dirs.Images(), exe)
 	}
 	return image.Open(e.dirs.Images())
 }
@@ -385,6 +389,10 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	if why := resources.NoLimits(); why != "" {
 		fmt.Fprintf(os.Stderr, "moat: no resource limits: %s\n", why)
 	}
+	exe, err := sandboxExe()
+	if err != nil {
+		return nil, err
+	}
 	rd, wr, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -398,7 +406,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	defer logf.Close()
 	devnull, _ := os.Open(os.DevNull)
 	defer devnull.Close()
-	cmd := exec.Command(e.exe, "__daemon", dir)
+	cmd := exec.Command(exe, "__daemon", dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
 	environ, values, err := daemonEnviron(rec)
@@ -412,7 +420,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		return nil, err
 	}
 	cmd.ExtraFiles = []*os.File{wr, srd}
-	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc)
+	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, buildEnv+"="+moatVersion())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()

@@ -107,7 +107,9 @@ func TestStartAndStopLeaveNothing(t *testing.T) {
 			t.Cleanup(func() {
 				state.Update(dir, func(r *state.Record) error { r.Config = snap; return nil })
 			})
-			o := keeperOptions(t, dir, moatBin, runsc)
+			// The keeper runs its gate process, shim and reaper from
+			// moat-sandbox, which is built beside moat.
+			o := keeperOptions(t, dir, filepath.Join(filepath.Dir(moatBin), "moat-sandbox"), runsc)
 			if tt.spoil != nil {
 				tt.spoil(t, o)
 			}

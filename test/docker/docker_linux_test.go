@@ -63,13 +63,14 @@ func ready(t *testing.T) {
 }
 
 // moatBin is $MOAT_BIN, or moat built here once, without cgo. Either way
-// moat runs moat-docker and moat-gate from its own directory, so they are
-// built beside it: the binaries under test are the three a user installs.
+// moat runs moat-docker, moat-gate and moat-sandbox (the container's init)
+// from its own directory, so they are built beside it: the binaries under
+// test are the ones a user installs.
 var moatBin = sync.OnceValues(func() (string, error) {
 	if b := os.Getenv("MOAT_BIN"); b != "" {
-		for _, s := range []string{"moat-docker", "moat-gate"} {
+		for _, s := range []string{"moat-docker", "moat-gate", "moat-sandbox"} {
 			if _, err := os.Stat(filepath.Join(filepath.Dir(b), s)); err != nil {
-				return "", fmt.Errorf("MOAT_BIN is %s, but %s is not beside it (scripts/setup.sh builds the three): %v", b, s, err)
+				return "", fmt.Errorf("MOAT_BIN is %s, but %s is not beside it (scripts/setup.sh builds them all): %v", b, s, err)
 			}
 		}
 		return b, nil
@@ -78,10 +79,10 @@ var moatBin = sync.OnceValues(func() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-docker", "moat.dev/moat/cmd/moat-gate")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-docker", "moat.dev/moat/cmd/moat-gate", "moat.dev/moat/cmd/moat-sandbox")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building moat, moat-docker and moat-gate: %v\n%s", err, out)
+		return "", fmt.Errorf("building moat, moat-docker, moat-gate and moat-sandbox: %v\n%s", err, out)
 	}
 	return filepath.Join(dir, "moat"), nil
 })

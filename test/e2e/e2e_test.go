@@ -31,6 +31,12 @@ func TestMain(m *testing.M) {
 		fmt.Println("e2e: skipped: needs root and MOAT_BIN (the built moat); run ./scripts/test.sh")
 		os.Exit(0)
 	}
+	// moat runs a sandbox's processes from the moat-sandbox beside it:
+	// without one every test would fail the same way.
+	if sb := filepath.Join(filepath.Dir(moatBin), "moat-sandbox"); !fileExists(sb) {
+		fmt.Printf("e2e: MOAT_BIN is %s, but %s is missing; build moat's binaries together: go build -o DIR/ ./cmd/...\n", moatBin, sb)
+		os.Exit(1)
+	}
 	var err error
 	moatHome, err = os.MkdirTemp("", "moat-e2e-home-")
 	if err != nil {

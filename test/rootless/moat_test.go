@@ -452,8 +452,9 @@ func (m *moatUser) run(t *testing.T, dir string, args ...string) (stdout, stderr
 	return so.String(), se.String(), code
 }
 
-// moatBinary is MOAT_BIN, else moat built for the test; copied where the
-// test user can run it.
+// moatBinary is MOAT_BIN, else moat built for the test, with the
+// moat-sandbox beside it that it runs a sandbox's processes from; copied
+// where the test user can run them.
 func moatBinary(t *testing.T, base string) string {
 	t.Helper()
 	dst := filepath.Join(base, "moat")
@@ -461,13 +462,17 @@ func moatBinary(t *testing.T, base string) string {
 		if err := copyFile(src, dst, 0o755); err != nil {
 			t.Fatal(err)
 		}
+		sb := filepath.Join(filepath.Dir(src), "moat-sandbox")
+		if err := copyFile(sb, filepath.Join(base, "moat-sandbox"), 0o755); err != nil {
+			t.Fatalf("MOAT_BIN's moat-sandbox (go build -o DIR/ ./cmd/... builds moat's binaries together): %v", err)
+		}
 		return dst
 	}
 	// Without cgo: the gate process's lockdown refuses a cgo binary.
-	cmd := exec.Command("go", "build", "-o", dst, "moat.dev/moat/cmd/moat")
+	cmd := exec.Command("go", "build", "-o", base+"/", "moat.dev/moat/cmd/moat", "moat.dev/moat/cmd/moat-sandbox")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building moat (or set MOAT_BIN): %v\n%s", err, out)
+		t.Fatalf("building moat and moat-sandbox (or set MOAT_BIN): %v\n%s", err, out)
 	}
 	return dst
 }
