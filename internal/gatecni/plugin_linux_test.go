@@ -544,3 +544,25 @@ func waitSeen(t *testing.T, ls *listeners, want ...string) {
 		}
 	}
 }
+
+// TestIptablesMissesRawFrames is why the fence is on the netdev hooks: an
+// iptables rule in the pod's namespace that drops everything it sends
+// stops the kernel's own sockets but not a frame written to an AF_PACKET
+// socket, the way runsc's netstack sends every packet.
+func TestIptablesMissesRawFrames(t *testing.T) {
+	n := newTestNet(t)
+	if _, err := exec.LookPath("iptables"); err != nil {
+		t.Skip("needs iptables to show what it does not see")
+	}
+	ls := n.listen(t)
+	if out, err := exec.Command("ip", "netns", "exec", n.pod, "iptables", "-A", "OUTPUT", "-j", "DROP").CombinedOutput(); err != nil {
+		t.Fatalf("iptables in the pod namespace: %v: %s", err, out)
+	}
+	if err := n.reach("udp", "10.99.1.7:53"); err == nil {
+		t.Fatalf("the pod's kernel socket got through iptables' OUTPUT drop")
+	}
+	if err := n.sendRaw(tPodIP, tOtherIP, 53); err != nil {
+		t.Fatal(err)
+	}
+	waitSeen(t, ls, "udp 10.99.1.7:53 from 10.99.0.2")
+}
