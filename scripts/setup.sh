@@ -29,10 +29,12 @@ export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0
 mkdir -p bin
 version=$(git describe --always --dirty 2>/dev/null || echo dev)
 # moat and the binaries it runs from its own directory, in one link step
-# each and one go command: moat-gate (the gate service, `moat gate serve`)
-# and moat-docker (runtime = "docker"), which hold the libraries moat must
-# not link (docs/architecture.md, "Three binaries"). -X main.version
-# stamps the two companions; moat's version is internal/cli.Version.
+# each and one go command: moat-sandbox (a sandbox's own processes and the
+# guest's init, without the command line), moat-gate (the gate service,
+# `moat gate serve`) and moat-docker (runtime = "docker"), the last two
+# holding libraries moat must not link (docs/architecture.md). -X
+# main.version stamps those two; moat's and moat-sandbox's version is
+# internal/cli.Version, and a daemon refuses a moat of another build.
 go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version -X main.version=$version" -o bin/ ./cmd/...
 # gVisor at the version pinned in go.mod (tool directive). Static: a
 # dynamically linked runsc fails after pivot_root.
@@ -41,4 +43,4 @@ go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$versio
 go run ./internal/tools/manpages bin/man >/dev/null
 gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
-echo "setup.sh: built bin/moat, bin/moat-gate, bin/moat-docker and bin/runsc ($(bin/runsc --version | head -1))" >&2
+echo "setup.sh: built $(cd bin && echo moat moat-*) and runsc ($(bin/runsc --version | head -1)) in bin/" >&2
