@@ -10,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${N:-10}
 MOAT=$PWD/bin/moat RUNSC=$PWD/bin/runsc
+# A sandbox's own processes, and the guest's init, run moat-sandbox.
+SANDBOX=$PWD/bin/moat-sandbox
 export MOAT_HOME=$(mktemp -d /tmp/moat-bench-XXXX)
 proj=$(mktemp -d /tmp/moat-bench-proj-XXXX)/benchproj; mkdir -p "$proj"
 # runsc pins an empty network namespace for its gofers with a bind mount in
@@ -43,10 +45,11 @@ JSON
 rflags=(--root="$bare/state" --platform=systrap --network=none --ignore-cgroups)
 # variant ARGS: a bundle like the bare one running ARGS (a JSON list); prints its directory.
 variant() { local d; d=$(mktemp -d /tmp/moat-bench-bare-XXXX); sed 's|"args":\["/bin/true"\]|"args":'"$1"'|' "$bare/config.json" > "$d/config.json"; echo "$d"; }
-# The same running moat's own binary (`moat version`): what starting the
-# guest's init, that same static Go binary, costs inside gVisor; and
+# The same running the guest init's binary (`moat-sandbox version`): what
+# starting the guest's init, that same static Go binary, costs inside
+# gVisor; and
 # running sleep, for the runtime's own idle memory.
-barego=$(variant '["'"$MOAT"'","version"]')
+barego=$(variant '["'"$SANDBOX"'","version"]')
 idle=$(variant '["/bin/sleep","1000"]')
 
 # The bare run goes first in each pair, right after the destroy: a running
@@ -92,12 +95,14 @@ pss() {
 pss "$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")"
 moat_pss=$pss_kb moat_pids=${#pids[@]} moat_spaces=${#spaces[@]}
 # moat's own host processes (the daemon's keeper and gate process, the
-# reaper, the shim): each is a process of bin/moat, named by its role.
+# reaper, the shim): each runs one of moat's binaries in bin/ (moat,
+# moat-sandbox, ...; not runsc), and is named by its role.
 # In tenths: whole MiB rounded down read 20.9 as 20, under a 20 MiB target.
 mib() { awk -v k="$1" 'BEGIN{printf "%.1f", k / 1024}'; }
+bindir=$(dirname "$(readlink -f "$MOAT")")
 own=() own_kb=0
 for p in "${pids[@]}"; do
-	[ "$(readlink "/proc/$p/exe" 2>/dev/null)" = "$(readlink -f "$MOAT")" ] || continue
+	case "$(readlink "/proc/$p/exe" 2>/dev/null)" in "$bindir"/moat | "$bindir"/moat-*) ;; *) continue ;; esac
 	kb=$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null || echo 0)
 	own+=("$(tr '\0' ' ' < "/proc/$p/cmdline" | awk '{print $2}')=$(mib "$kb")")
 	own_kb=$((own_kb + kb))
