@@ -83,10 +83,13 @@ func (g *Gate) newMCPLocal() *mcpLocal {
 		},
 	}
 	l.transport = &http.Transport{
-		Proxy:                  nil,
-		DialContext:            g.dialLocal,
-		ResponseHeaderTimeout:  upstreamHeaders,
-		MaxIdleConnsPerHost:    32,
+		Proxy:                 nil,
+		DialContext:           g.dialLocal,
+		ResponseHeaderTimeout: upstreamHeaders,
+		MaxIdleConnsPerHost:   32,
+		// Bounds the host's sockets one server's guest requests open
+		// (an SSE stream holds one for its life); more wait for one.
+		MaxConnsPerHost:        256,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 1 << 20,
 		// The answer is read to filter it: asked for as identity

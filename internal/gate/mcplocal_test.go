@@ -25,7 +25,7 @@ type localFixture struct {
 	srv   *fakeMCP
 	port  uint16
 	c     *http.Client
-	hosts []string // the Host of each request that reached the server
+	hosts []string       // the Host of each request that reached the server
 	wg    sync.WaitGroup // the guest's connections being served
 }
 
