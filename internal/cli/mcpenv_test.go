@@ -18,7 +18,8 @@ func TestProjectAsksForMCP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := config.Parse(proj, []byte("[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\ntools = [\"search_*\"]\n"))
+	p, err := config.Parse(proj, []byte("[mcp.gh]\nurl = \"https://mcp.example.com/mcp\"\ntools = [\"search_*\"]\n"+
+		"[mcp.ed]\nurl = \"http://127.0.0.1:7777/mcp\"\ntools = [\"*\"]\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,6 +27,7 @@ func TestProjectAsksForMCP(t *testing.T) {
 	for _, want := range []string{
 		proj + ": network.allow lets the sandbox reach mcp.example.com:443/mcp",
 		proj + ": mcp.gh lets the agent use MCP server https://mcp.example.com/mcp, the tools search_*",
+		proj + ": mcp.ed lets the agent use the MCP server on this host's http://127.0.0.1:7777/mcp, any tool",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("projectAsks:\n%s\nlacks %q", got, want)
@@ -43,6 +45,7 @@ func TestWithMCPEnv(t *testing.T) {
 			"a": {Name: "a", URL: "https://a.example.com/mcp", Secret: "T"},
 			"b": {Name: "b", URL: "https://b.example.com/mcp", Secret: "K"},
 			"c": {Name: "c", URL: "https://c.example.com/mcp"},
+			"d": {Name: "d", URL: "http://127.0.0.1:7777/mcp", Host: "127.0.0.1", Port: 7777, Path: "/mcp", Local: true},
 		}},
 	}
 	env := withMCPEnv(cfg, nil)
@@ -54,6 +57,8 @@ func TestWithMCPEnv(t *testing.T) {
 		{Name: "a", URL: "https://a.example.com/mcp", Secret: "T", Header: "Authorization", Bearer: true},
 		{Name: "b", URL: "https://b.example.com/mcp", Secret: "K", Header: "x-api-key"},
 		{Name: "c", URL: "https://c.example.com/mcp"},
+		// A host-local server, at the gateway in the guest.
+		{Name: "d", URL: "http://10.88.0.1:7777/mcp"},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v", got)
