@@ -54,6 +54,9 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 		return withCode(ExitRun, err)
 	}
 	defer c.Close()
+	if rec.Runtime == runtimeDocker {
+		sessEnv = withDockerPlaceholders(dir, sessEnv)
+	}
 	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
 	// The ledger's times are the daemon's, on this host's clock.
 	start := time.Now()

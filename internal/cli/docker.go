@@ -125,7 +125,7 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 		}
 	}
 	policy := []string{e.dirs.UserConfig(), filepath.Join(rec.Workspace, "moat.toml")}
-	secrets, err := dockerSecrets(ctx, policy)
+	secrets, err := dockerSecrets(ctx, policy, rec.Presets)
 	if err != nil {
 		return nil, fmt.Errorf("sandbox %q: reading secrets on the host: %w", rec.Name, err)
 	}
@@ -140,9 +140,13 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	r, err := h.Up(ctx, dockerrt.Options{
 		Dir: dir, Moat: guestInit, Gate: gate, Workspace: rec.Workspace, Guest: g,
 		Policy: policy, Upstream: upstream, EgressSubnet: egress, Secrets: secrets,
+		Presets: rec.Presets,
 	})
 	if err != nil {
 		return nil, fromHelper(fmt.Errorf("starting sandbox %q on Docker: %w", rec.Name, err))
+	}
+	if err := keepDockerPlaceholders(dir, rec); err != nil {
+		return nil, err
 	}
 	signer, err := keys.Client(dir)
 	if err != nil {
@@ -239,10 +243,11 @@ func dockerHooks(ctx context.Context, dir string, rec *state.Record, c *ssh.Clie
 // dockerSecrets reads, on the host, the values of the secrets a Docker
 // sandbox's gate takes over its control socket (dockerrt.Policy.Pushed:
 // env: from moat's own environment, command: run here, as a gVisor
-// sandbox's keeper reads them). They go to moat-docker on its stdin,
+// sandbox's keeper reads them; and the credentials of its presets that
+// this environment has). They go to moat-docker on its stdin,
 // which pushes them to the gate: never into a container's environment,
 // an argument or a file.
-func dockerSecrets(ctx context.Context, policy []string) (map[string]string, error) {
+func dockerSecrets(ctx context.Context, policy []string, presets []string) (map[string]string, error) {
 	pol, err := dockerrt.ReadPolicy(policy, func(p string) (string, error) { return p, nil })
 	if err != nil {
 		return nil, err
@@ -264,6 +269,7 @@ func dockerSecrets(ctx context.Context, policy []string) (map[string]string, err
 		}
 		out[name] = string(b)
 	}
+	dockerPresetValues(out, presets, pol.Defined)
 	return out, nil
 }
 

@@ -89,3 +89,35 @@ func PendingError(name string, pending []string) error {
 	return fmt.Errorf("sandbox %q: the gate has no value for secrets %s (read on the host by moat and pushed to the gate); the start was stopped rather than let requests go without them",
 		name, strings.Join(pending, ", "))
 }
+
+// Reload asks the gate to read its configuration and the tenant's policy
+// files again (POST /v1/reload, as SIGHUP): all or nothing, the gate
+// keeps its old configuration when it refuses the new one, and says why.
+func Reload(ctx context.Context, sock string) error {
+	ctx, cancel := context.WithTimeout(ctx, pushTimeout)
+	defer cancel()
+	c := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		},
+		DisableKeepAlives: true,
+	}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://gate/v1/reload", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("reaching the gate's control socket %s: %w", sock, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		return nil
+	}
+	var out struct {
+		Error string `json:"error"`
+	}
+	json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out)
+	return fmt.Errorf("the gate refused its new configuration (HTTP %d): %s", resp.StatusCode, out.Error)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -46,6 +47,11 @@ type Options struct {
 	// workload runs. They travel on moat-docker's stdin only: never an
 	// argument, an environment variable or a file.
 	Secrets map[string]string `json:"secrets,omitempty"`
+	// Presets are the presets the sandbox has used (`moat run claude`):
+	// their hosts and blocks are the tenant's lowest policy file, and
+	// their credentials that Secrets has values for are pushed secrets
+	// (preset.go).
+	Presets []string `json:"presets,omitempty"`
 	// Warn receives what the user should know (a shared kernel, dropped
 	// secrets): moat-docker's stderr, which moat passes on.
 	Warn io.Writer `json:"-"`
@@ -83,6 +89,14 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 	}
 	// Read again as service.uid on reload.
 	os.Chmod(dir, 0o755)
+	// The jailed service (service.uid) writes the placeholders again
+	// after a reload (a preset's credential pushed at a later session),
+	// through state/, which the service makes 0700 for root: searchable
+	// only, its files keep their own modes (the CA's key is root's, 0600).
+	if err := os.MkdirAll(filepath.Join(dir, "state", "placeholders"), 0o700); err != nil {
+		return "", nil, err
+	}
+	os.Chmod(filepath.Join(dir, "state"), 0o711)
 	n := 0
 	trust := func(p string) (string, error) {
 		b, err := os.ReadFile(p)
@@ -107,7 +121,16 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 	if err := os.WriteFile(filepath.Join(dir, "policy.toml"), pol.TOML, 0o644); err != nil {
 		return "", nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.Subnet, r.GateIP, r.WorkloadIP, o.Upstream, pol.PushedNames()), 0o644); err != nil {
+	presets, presetPushed, err := PresetFile(o.Presets, pol.Defined, func(n string) bool { _, ok := o.Secrets[n]; return ok })
+	if err != nil {
+		return "", nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "preset.toml"), presets, 0o644); err != nil {
+		return "", nil, err
+	}
+	pushed := append(pol.PushedNames(), presetPushed...)
+	slices.Sort(pushed)
+	if err := os.WriteFile(filepath.Join(dir, "gate.toml"), GateConfig(r.Subnet, r.GateIP, r.WorkloadIP, o.Upstream, pushed), 0o644); err != nil {
 		return "", nil, err
 	}
 	binds := []string{dir + ":" + gateDir}
@@ -117,21 +140,37 @@ func WriteGateDir(r *Record, o Options) (string, []string, error) {
 	return dir, binds, nil
 }
 
+// Placeholders are the placeholders (never values) the gate wrote for the
+// workload of the sandbox whose state directory is dir, by secret name;
+// none before the gate first ran.
+func Placeholders(dir string) (map[string]string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "gate", "state", "placeholders", tenant+".env"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if k, v, ok := strings.Cut(l, "="); ok && k != "" && !strings.HasPrefix(k, "#") {
+			out[k] = v
+		}
+	}
+	return out, nil
+}
+
 // WriteGuestDir completes guest/ (which holds the agent's host key) with
 // the guest's configuration, the gate's CA and moat itself.
 func WriteGuestDir(dir string, r *Record, o Options, ca []byte) error {
 	g := *o.Guest
 	// The secrets' placeholders, which the gate wrote for its tenant's
 	// clients (never the values): every session's environment.
-	ph, err := os.ReadFile(filepath.Join(o.Dir, "gate", "state", "placeholders", tenant+".env"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	ph, err := Placeholders(o.Dir)
+	if err != nil {
 		return err
 	}
-	for _, l := range strings.Split(string(ph), "\n") {
-		l = strings.TrimSpace(l)
-		if k, _, ok := strings.Cut(l, "="); ok && k != "" && !strings.HasPrefix(k, "#") {
-			g.Env = append(slices.Clone(g.Env), l)
-		}
+	g.Env = slices.Clone(g.Env)
+	for _, k := range slices.Sorted(maps.Keys(ph)) {
+		g.Env = append(g.Env, k+"="+ph[k])
 	}
 	g.Listen = netip.AddrPortFrom(r.WorkloadIP, 22).String()
 	g.Nameserver = r.GateIP.String()

@@ -31,7 +31,10 @@ const (
 	gateDir    = "/moat-gate"
 	gateConfig = gateDir + "/gate.toml"
 	gatePolicy = gateDir + "/policy.toml"
-	gateState  = gateDir + "/state"
+	// gatePresets is the tenant's lowest policy file: the sandbox's
+	// presets (preset.go).
+	gatePresets = gateDir + "/preset.toml"
+	gateState   = gateDir + "/state"
 	// gateControl is the gate service's control socket, where moat
 	// pushes the values of env: and command: secrets (ControlSocket).
 	gateControl = gateDir + "/control/control.sock"
@@ -120,7 +123,7 @@ func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip
 		}
 		fmt.Fprintf(&b, "[upstream]\ndns = [%s]\n\n", strings.Join(us, ", "))
 	}
-	fmt.Fprintf(&b, "[tenants.%s]\nsources = [\"%s\"]\npolicy = [%q]\n", tenant, workload, gatePolicy)
+	fmt.Fprintf(&b, "[tenants.%s]\nsources = [\"%s\"]\npolicy = [%q, %q]\n", tenant, workload, gatePresets, gatePolicy)
 	if len(pushed) > 0 {
 		var ps []string
 		for _, p := range pushed {
@@ -149,6 +152,9 @@ type Policy struct {
 	// Dropped names the secrets left out: a file: source that is not
 	// an absolute path.
 	Dropped []string
+	// Defined names every secret of the files, dropped ones too: a
+	// preset's credential of such a name is not the preset's to set.
+	Defined []string
 }
 
 // PushedNames are the names of pol's pushed secrets, sorted.
@@ -239,9 +245,17 @@ func PolicyFile(files map[string][]byte, order []string, trust func(string) (str
 			}
 		}
 	}
-	if s, ok := merged["secrets"].(map[string]any); ok && len(s) == 0 {
-		delete(merged, "secrets")
+	if s, ok := merged["secrets"].(map[string]any); ok {
+		for k := range s {
+			pol.Defined = append(pol.Defined, k)
+		}
+		if len(s) == 0 {
+			delete(merged, "secrets")
+		}
 	}
+	pol.Defined = append(pol.Defined, pol.Dropped...)
+	slices.Sort(pol.Defined)
+	pol.Defined = slices.Compact(pol.Defined)
 	b, err := toml.Marshal(merged)
 	if err != nil {
 		return nil, err

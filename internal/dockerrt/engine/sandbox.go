@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -90,6 +91,9 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 		if err := ensureIsolated(r, pid); err != nil {
 			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
 			return nil, fmt.Errorf("the workload of %q had a way out and was stopped: %w", r.Name, err)
+		}
+		if err := refreshGate(ctx, r, o); err != nil {
+			return nil, err
 		}
 		// Pushed again at every session: the host's values may have
 		// changed, and a gate restarted behind moat's back has none.
@@ -316,6 +320,40 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 		}
 	}
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
+}
+
+// gateFiles are the files of gate/ that WriteGateDir writes and the
+// gate reads on a reload.
+var gateFiles = []string{"gate.toml", "policy.toml", "preset.toml"}
+
+// refreshGate writes a running gate's files again and has it reload them
+// when they changed: a preset used for the first time since the gate
+// started (or an edited moat.toml) reaches it at the next session, not
+// only at its next start. A reload the gate refuses stops the session:
+// the gate keeps its old policy, and the user must hear why.
+func refreshGate(ctx context.Context, r *dockerrt.Record, o dockerrt.Options) error {
+	dir := filepath.Join(o.Dir, "gate")
+	var old [][]byte
+	for _, f := range gateFiles {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		old = append(old, b)
+	}
+	if _, _, err := dockerrt.WriteGateDir(r, o); err != nil {
+		return err
+	}
+	changed := false
+	for i, f := range gateFiles {
+		b, _ := os.ReadFile(filepath.Join(dir, f))
+		changed = changed || !bytes.Equal(b, old[i])
+	}
+	sock := dockerrt.ControlSocket(o.Dir)
+	if _, err := os.Stat(sock); !changed || err != nil {
+		return nil // unchanged, or a gate that predates the control socket (pushSecrets says so)
+	}
+	if err := dockerrt.Reload(ctx, sock); err != nil {
+		return fmt.Errorf("sandbox %q: %w; fix the configuration, or restart the gate with: moat down %s", r.Name, err, r.Name)
+	}
+	return nil
 }
 
 // errSecrets marks a start stopped because the gate did not take the
