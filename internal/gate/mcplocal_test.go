@@ -124,6 +124,7 @@ func TestLocalMCP(t *testing.T) {
 		{"POST", "/admin", nil, 404},
 		{"GET", "/mcpx", nil, 404},
 		{"GET", "/mcp", []string{"Connection", "Upgrade", "Upgrade", "websocket"}, 400},
+		{"GET", "/mcp", nil, 400}, // with a body, which only a POST may carry
 		{"PUT", "/mcp", nil, 405},
 	} {
 		if st, body := f.do(t, tc.method, tc.path, call(4, "read_file"), tc.hdr...); st != tc.want {
@@ -168,6 +169,7 @@ func TestLocalMCP(t *testing.T) {
 		"http POST /admin  deny " + string(audit.NotMCPLocalPath("/mcp")),
 		"http GET /mcpx  deny " + string(audit.NotMCPLocalPath("/mcp")),
 		"mcp GET /mcp  deny " + string(audit.ReasonMCPMethod),
+		"mcp GET /mcp  deny " + string(audit.ReasonMCPMalformed),
 		"mcp PUT /mcp  deny " + string(audit.ReasonMCPMethod),
 	}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -128,6 +128,16 @@ func (g *Gate) mcpAdmit(w http.ResponseWriter, r *http.Request, rs *reqState, s 
 	}
 	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodDelete:
+		// Only a POST's body is read and decided: a server that took
+		// messages from another method's would get them unread. A
+		// declared body is refused; an undeclared one (HTTP/2 without
+		// END_STREAM) is dropped, never sent.
+		if r.ContentLength > 0 || len(r.TransferEncoding) > 0 {
+			g.mcpRefuseBody(w, rs, http.StatusBadRequest, audit.ReasonMCPMalformed,
+				fmt.Sprintf("a body on HTTP %s, which the gate does not read", r.Method))
+			return false
+		}
+		r.Body, r.ContentLength = http.NoBody, 0
 		r.Header.Del("Accept-Encoding") // a GET's stream is filtered
 		return true                     // no message to decide
 	case http.MethodPost:
