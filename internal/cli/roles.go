@@ -14,7 +14,6 @@ import (
 	"moat.dev/moat/internal/guest"
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/preset"
-	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/userns"
 )
@@ -44,8 +43,8 @@ func sameBuild(cliBuild string) error {
 // args[1], and returns its exit code: the moat-sandbox binary's main
 // (sandboxBinary). It never builds the command line, so the linker leaves
 // moat's commands out of moat-sandbox, whose file every process of a
-// sandbox maps: the daemon's keeper and gate process, the shim, the
-// reaper, and in the guest the init, agent and helpers.
+// sandbox maps: the daemon's keeper and gate process, the shim, and in
+// the guest the init, agent and helpers.
 func RoleMain(args []string) int {
 	if len(args) < 2 {
 		fmt.Fprintln(os.Stderr, "moat-sandbox runs the processes moat starts for a sandbox, never by hand; see: moat --help")
@@ -100,16 +99,6 @@ func RoleMain(args []string) int {
 		}
 		fmt.Println(owner)
 		return ExitOK
-	case resources.ReaperCommand:
-		// Removes a killed daemon's cgroup (resources.Reap).
-		if len(args) < 4 {
-			return ExitUsage
-		}
-		pid, err := strconv.Atoi(args[3])
-		if err != nil {
-			return ExitUsage
-		}
-		return resources.Reap(args[2], pid)
 	case preset.SeedRole:
 		// In the guest, as the session's user, in front of a preset's
 		// agent: its first-run settings, then exec.

@@ -118,6 +118,7 @@ type daemon struct {
 	cancel context.CancelFunc
 
 	group     *resources.Group // the sandbox's cgroup; nil without Options.Limits
+	shimFiles []*os.File       // the shim's fds after its socket when it removes the groups (resources.Handover)
 	hostLevel atomic.Int32     // the elastic loop's last resources.Level, for status
 	guard     oomGuard         // the guest's OOM kills (resources.go)
 
@@ -435,8 +436,9 @@ func (d *daemon) prepareShim() error {
 	return runtime.WritePlan(filepath.Join(d.o.Dir, "shim.json"), d.o.Plan)
 }
 
-// startShim starts the shim in new mount and network namespaces with a
-// parent-death signal. The shim execs runsc, so done reports runsc's
+// startShim starts the shim in new mount and network namespaces, with a
+// parent-death signal unless it is to remove the groups (shimFiles),
+// when it outlives a killed daemon for that. The shim execs runsc, so done reports runsc's
 // exit. The shim mounts the root filesystem and creates tap0 while the
 // daemon starts the gate; it sends tap0's fd (shimConn.tap) and starts the
 // guest only on the daemon's word (shimConn.startGuest). shimConn.done is
@@ -470,11 +472,17 @@ func (d *daemon) startShim() (*shimConn, error) {
 		// processes that live as long as the sandbox.
 		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.ExtraFiles = []*os.File{theirs}
+		cmd.ExtraFiles = append([]*os.File{theirs}, d.shimFiles...)
+		// A shim that removes the groups outlives this daemon for that,
+		// and stops the guest itself (runtime.Shim's heir).
+		pdeath := syscall.SIGKILL
+		if len(d.shimFiles) > 0 {
+			pdeath = 0
+		}
 		cmd.SysProcAttr = &syscall.SysProcAttr{
 			Cloneflags:   syscall.CLONE_NEWPID,
 			Unshareflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWNET,
-			Pdeathsig:    syscall.SIGKILL,
+			Pdeathsig:    pdeath,
 		}
 		// Rootless: in a user namespace mapping the user's subordinate
 		// ids (internal/userns), made first so that the PID, mount and

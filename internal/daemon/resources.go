@@ -19,7 +19,8 @@ import (
 const elasticEvery = 5 * time.Second
 
 // startGroup makes the sandbox's cgroup and puts it in the shim's plan,
-// and moves the daemon into its own group beside it (see the resources
+// moves the daemon into its own group beside it, and hands both to the
+// shim, which removes them if this daemon is killed (see the resources
 // package doc). It returns the groups' removal, to run once the shim has
 // exited.
 func (d *daemon) startGroup() (func(), error) {
@@ -39,26 +40,13 @@ func (d *daemon) startGroup() (func(), error) {
 		return nil, err
 	}
 	b, err := g.JSON()
+	if err == nil {
+		// Fail closed: a daemon that cannot be bounded does not start a
+		// guest that could grow it without limit.
+		err = g.JoinDaemon()
+	}
 	if err != nil {
 		g.Remove(d.o.Dir)
-		g.RemoveDaemon(d.o.Dir)
-		g.Release()
-		return nil, err
-	}
-	// The reaper removes the groups if this daemon is killed (see the
-	// resources package doc); it must exist before anything joins them.
-	reaper, err := g.StartReaper(d.o.Moat, d.o.Dir, os.Stderr)
-	if err != nil {
-		g.Remove(d.o.Dir)
-		g.RemoveDaemon(d.o.Dir)
-		g.Release()
-		return nil, err
-	}
-	// Fail closed: a daemon that cannot be bounded does not start a guest
-	// that could grow it without limit.
-	if err := g.JoinDaemon(); err != nil {
-		g.Remove(d.o.Dir)
-		reaper.Dismiss()
 		g.RemoveDaemon(d.o.Dir)
 		g.Release()
 		return nil, err
@@ -68,6 +56,14 @@ func (d *daemon) startGroup() (func(), error) {
 		"go_limit_mib", resources.GoMemLimit(d.o.Limits.DaemonBytes)/resources.MiB)
 	d.group = g
 	d.o.Plan.Cgroup, d.o.Plan.CgroupsPath, d.o.Plan.PidsMax = b, g.RunscPath(), d.o.Limits.PidsMax
+	h, err := g.Handover()
+	if err != nil {
+		// The shim then keeps its parent-death SIGKILL: the guest still
+		// dies with this daemon, and the groups wait for the next start.
+		d.log.Warn("the shim cannot remove the cgroups if this daemon is killed; the next moat up or moat destroy would", "err", err)
+	} else {
+		d.o.Plan.Reap, d.shimFiles = h.Plan, h.Files
+	}
 	return func() {
 		// The OOM killer acts on the host's view: the guest's memory is
 		// the sentry's, so at the ceiling it is the sandbox as a whole
@@ -87,17 +83,12 @@ func (d *daemon) startGroup() (func(), error) {
 			})
 		}
 		if err := g.Remove(d.o.Dir); err != nil {
-			// The reaper retries both groups once this daemon has
-			// exited; it needs this daemon out of its group for that.
-			d.log.Warn("removing the sandbox's cgroup; its reaper retries", "err", err)
-			g.LeaveDaemon()
-		} else {
-			// The reaper is in the daemon's group: it goes first.
-			reaper.Dismiss()
-			if err := g.RemoveDaemon(d.o.Dir); err != nil {
-				d.log.Warn("removing the daemon's cgroup; the next moat up or moat destroy retries", "err", err)
-			}
+			d.log.Warn("removing the sandbox's cgroup; the next moat up or moat destroy retries", "err", err)
 		}
+		if err := g.RemoveDaemon(d.o.Dir); err != nil {
+			d.log.Warn("removing the daemon's cgroup; the next moat up or moat destroy retries", "err", err)
+		}
+		h.Close()
 		g.Release()
 	}, nil
 }

@@ -27,8 +27,8 @@ import (
 )
 
 // TestStartAndStopLeaveNothing runs the keeper's real start and stop in
-// this process, against the built moat (its gate process, shim and
-// reaper) and real gVisor, and after each way a run can end checks that
+// this process, against the built moat (its gate process and shim) and
+// real gVisor, and after each way a run can end checks that
 // nothing of it is left: no goroutine of the keeper, no process, the
 // record saying stopped and why, the cgroups removed and the lock free.
 // Run under the race detector (scripts/test.sh), it also races the
@@ -107,7 +107,7 @@ func TestStartAndStopLeaveNothing(t *testing.T) {
 			t.Cleanup(func() {
 				state.Update(dir, func(r *state.Record) error { r.Config = snap; return nil })
 			})
-			// The keeper runs its gate process, shim and reaper from
+			// The keeper runs its gate process and shim from
 			// moat-sandbox, which is built beside moat.
 			o := keeperOptions(t, dir, filepath.Join(filepath.Dir(moatBin), "moat-sandbox"), runsc)
 			if tt.spoil != nil {
@@ -256,8 +256,8 @@ func editConfig(t *testing.T, dir string, edit func(*config.Config)) {
 }
 
 // processesOf are the processes whose command line names dir (the gate
-// process, the shim, runsc, the reaper), waiting a little for a reaper
-// told to go.
+// process, the shim, runsc), waiting a little for a shim that is
+// ending.
 func processesOf(dir string) []string {
 	deadline := time.Now().Add(5 * time.Second)
 	for {

@@ -33,10 +33,11 @@ type Group struct {
 	cg   cgroup.Cgroup
 	v2   bool
 	path string   // what runsc gets as linux.cgroupsPath
-	lock *os.File // the group lock (reaper_linux.go), held from Create to Remove
+	lock *os.File // the group lock (reaper_linux.go), held from Create to Release
 
 	daemon cgroup.Cgroup // the daemon group; nil in a group loaded from an old record
 	leave  func()        // moves the daemon back to where it came from (JoinDaemon)
+	origin cgroup.Cgroup // where the daemon came from, for its shim (Handover)
 }
 
 // groupID names the group: the sandbox's name, for a person reading
@@ -75,7 +76,7 @@ func (l Limits) spec(softBytes uint64) *specs.LinuxResources {
 // Create makes the sandbox's group with its limits, removing first any
 // group a killed daemon of the same sandbox left, and records it in
 // stateDir. The soft limit starts at the ceiling. It takes the group lock
-// first, which waits for the reaper of a killed daemon to finish, and holds
+// first, which waits for the shim of a killed daemon to finish, and holds
 // it until Remove.
 func Create(stateDir string, l Limits) (g *Group, err error) {
 	lock, ok, err := lockGroup(stateDir, lockWait)
@@ -83,7 +84,7 @@ func Create(stateDir string, l Limits) (g *Group, err error) {
 		return nil, err
 	}
 	if !ok {
-		return nil, fmt.Errorf("the reaper of this sandbox's previous daemon has held its cgroup lock (%s) for %s; see daemon.log in %s, or remove the lock file if no moat process of this sandbox is left",
+		return nil, fmt.Errorf("the shim of this sandbox's previous daemon has held its cgroup lock (%s) for %s; see daemon.log in %s, or remove the lock file if no moat process of this sandbox is left",
 			filepath.Join(stateDir, lockFile), lockWait, stateDir)
 	}
 	defer func() {
@@ -210,20 +211,46 @@ func removeDaemonGroup(stateDir string, cg cgroup.Cgroup) error {
 }
 
 // JoinDaemon moves the calling process, the daemon, into the daemon
-// group, from where LeaveDaemon takes it back. Call it after StartReaper
-// (the reaper joins on its own and must find the group as Create made it)
-// and before the shim starts. Every child the daemon starts from then on
-// is born inside; the shim leaves for the sandbox's group first thing.
+// group, from where LeaveDaemon takes it back. Call it before the shim
+// starts: every child the daemon starts from then on is born inside; the
+// shim leaves for the sandbox's group first thing.
 func (g *Group) JoinDaemon() error {
 	if g.daemon == nil {
 		return nil
+	}
+	origin, err := selfGroup()
+	if err != nil {
+		return fmt.Errorf("finding the daemon's own cgroup: %w", err)
 	}
 	leave, err := g.daemon.Join()
 	if err != nil {
 		return fmt.Errorf("joining the daemon's cgroup: %w", err)
 	}
-	g.leave = leave
+	g.leave, g.origin = leave, origin
 	return nil
+}
+
+// selfGroup is the calling process's own group, in a form whose Join
+// moves a process into it: where the shim of a killed daemon goes to
+// remove the sandbox's group (Reap), as the daemon's LeaveDaemon would.
+func selfGroup() (cgroup.Cgroup, error) {
+	if !cgroup.IsOnlyV2() {
+		// v1: no name, the process's own path as the parent in each
+		// hierarchy.
+		return cgroup.NewFromPid(os.Getpid(), false)
+	}
+	// v2: NewFromPid would give the parent of the process's group (a
+	// group for runsc to make children in); the path itself is wanted.
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return nil, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok && strings.HasPrefix(p, "/") {
+			return cgroup.NewFromPath(p, false)
+		}
+	}
+	return nil, fmt.Errorf("no cgroup v2 path in /proc/self/cgroup: %q", b)
 }
 
 // LeaveDaemon moves the daemon back to the groups it came from, so that
@@ -235,8 +262,7 @@ func (g *Group) LeaveDaemon() {
 	}
 }
 
-// RemoveDaemon leaves and removes the daemon group and its record. The
-// reaper, which is inside too, must have exited (Reaper.Dismiss).
+// RemoveDaemon leaves and removes the daemon group and its record.
 func (g *Group) RemoveDaemon(stateDir string) error {
 	if g.daemon == nil {
 		return nil
@@ -303,7 +329,7 @@ func Enter(b []byte) error {
 
 // Remove deletes the group (its processes must be gone; it retries for a
 // few seconds while they exit) and its record. The group lock stays held
-// (by this process and its reaper) until Release.
+// (by this process and its shim) until Release.
 func (g *Group) Remove(stateDir string) error {
 	err := g.cg.Uninstall()
 	if err == nil {
@@ -313,7 +339,7 @@ func (g *Group) Remove(stateDir string) error {
 }
 
 // Release lets go of the group lock. Call it after Remove and after the
-// reaper was dismissed (or is left to finish the removal).
+// shim has exited.
 func (g *Group) Release() {
 	if g.lock != nil {
 		g.lock.Close()
@@ -332,18 +358,18 @@ func loadGroup(b []byte) (*Group, error) {
 
 // RemoveStale removes the group recorded in stateDir, if any: one a killed
 // daemon could not remove. Callers make sure no daemon of the sandbox is
-// alive. When the group lock is held, a killed daemon's reaper is removing
+// alive. When the group lock is held, a killed daemon's shim is removing
 // the group right now, and RemoveStale leaves it to it.
 func RemoveStale(stateDir string) error { return removeStale(stateDir, 0) }
 
 // RemoveStaleWait is RemoveStale for a sandbox about to be deleted: it
-// waits (bounded) for a killed daemon's reaper to finish rather than leave
-// the group to it, since the state directory the reaper works from is
+// waits (bounded) for a killed daemon's shim to finish rather than leave
+// the group to it, since the state directory the shim works from is
 // about to go.
 func RemoveStaleWait(stateDir string) error { return removeStale(stateDir, lockWait) }
 
 // removeStale takes the group lock, waiting up to wait; a lock still held
-// after a wait is an error, one held without waiting is the reaper's.
+// after a wait is an error, one held without waiting is the shim's.
 func removeStale(stateDir string, wait time.Duration) error {
 	lock, ok, err := lockGroup(stateDir, wait)
 	if err != nil {

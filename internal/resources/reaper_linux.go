@@ -2,59 +2,45 @@ package resources
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
-	"os/signal"
 	"path/filepath"
-	goruntime "runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
+	"gvisor.dev/gvisor/runsc/cgroup"
 
 	"moat.dev/moat/internal/state"
 )
 
-// The reaper removes the group of a daemon that was killed (see the
-// package doc). It is the moat binary's hidden role `__reaper DIR`.
+// The groups of a killed daemon are removed by its shim, which outlives
+// it for that (see the package doc): the daemon hands the shim a
+// Handover, and the shim, once the daemon is gone and the guest's
+// processes with it, calls Reap.
 
-// ReaperCommand is the hidden subcommand that runs Reap.
-const ReaperCommand = "__reaper"
-
-// The reaper's inherited fds: the read end of the daemon's pipe and the
-// group lock the daemon took in Create.
-const (
-	reaperPipeFD = 3
-	reaperLockFD = 4
-)
-
-// doneByte is what the daemon writes on the pipe when it has removed the
-// group itself: the reaper then leaves without touching anything.
-const doneByte = 'd'
-
-// Bounds of the reaper's work after the daemon is gone. The shim's
-// parent-death signal empties the group in well under a second; emptyWait
-// is for a loaded host, and what is still there after it is killed.
+// Bounds of the shim's work after the daemon is gone. The shim kills the
+// guest's processes at once; emptyWait is for a loaded host, and what is
+// still there after it is killed.
 const (
 	emptyWait = 10 * time.Second
 	killWait  = 5 * time.Second
 )
 
-// lockWait bounds how long Create waits for a previous daemon's reaper:
-// longer than the reaper's own bounds (emptyWait, killWait, and the cgroup
+// lockWait bounds how long Create waits for a previous daemon's shim:
+// longer than the shim's own bounds (emptyWait, killWait, and the cgroup
 // library's 5 s of rmdir retries).
 const lockWait = 30 * time.Second
 
 // lockFile is the group lock in the sandbox's state directory. Whoever
 // holds it owns the group's directories: the daemon from Create on, and
-// its reaper, which shares the very same lock (the fd is inherited, so one
+// its shim, which shares the very same lock (the fd is inherited, so one
 // open file description) and holds it after the daemon is gone until the
-// group is removed.
+// groups are removed.
 const lockFile = "cgroup.lock"
 
 // lockGroup takes the sandbox's group lock, waiting up to wait for it.
@@ -82,164 +68,99 @@ func lockGroup(stateDir string, wait time.Duration) (f *os.File, ok bool, err er
 	}
 }
 
-// Reaper is the daemon's handle on its reaper process.
-type Reaper struct {
-	w    *os.File // the pipe's write end: only the daemon holds it
-	pid  int
-	done chan struct{}
-	err  error // how the reaper ended, once done is closed
+// handover is Handover.Plan: the groups as the shim needs them to remove
+// them. Origin is where the daemon was before it joined its own group
+// (JoinDaemon): the shim goes there, out of both groups, to remove them.
+type handover struct {
+	Sandbox *cgroup.CgroupJSON `json:"sandbox"`
+	Daemon  *cgroup.CgroupJSON `json:"daemon,omitempty"`
+	Origin  *cgroup.CgroupJSON `json:"origin"`
 }
 
-// StartReaper starts `moat __reaper` (moat is the binary's path) for the
-// group, as a child of the calling daemon: outside the sandbox's group (it
-// stays in the daemon's), in its own session (a signal to the daemon's
-// process group does not reach it), with stderr to log. Call it once the
-// group exists and before anything joins it.
-func (g *Group) StartReaper(moat, stateDir string, log *os.File) (*Reaper, error) {
-	r, w, err := os.Pipe() // both O_CLOEXEC: no other child ever holds w
+// Handover is what a daemon gives its shim so that the shim removes the
+// groups if the daemon is killed.
+type Handover struct {
+	// Plan goes into the shim's plan (runtime.Plan.Reap).
+	Plan []byte
+	// Files become the shim's fds after its socket, in this order: a
+	// pidfd of the daemon, which becomes readable when the daemon is gone
+	// however it went, and the group lock, which the shim holds until
+	// the groups are removed.
+	Files []*os.File
+}
+
+// Handover makes the group's Handover. Call it after JoinDaemon. Close
+// it once the shim has exited.
+func (g *Group) Handover() (*Handover, error) {
+	if g.origin == nil {
+		return nil, errors.New("handing the cgroups to the shim: the daemon has not joined its own group")
+	}
+	h := handover{Sandbox: &cgroup.CgroupJSON{Cgroup: g.cg}, Origin: &cgroup.CgroupJSON{Cgroup: g.origin}}
+	if g.daemon != nil {
+		h.Daemon = &cgroup.CgroupJSON{Cgroup: g.daemon}
+	}
+	b, err := json.Marshal(&h)
 	if err != nil {
-		return nil, fmt.Errorf("creating the reaper's pipe: %w", err)
+		return nil, fmt.Errorf("handing the cgroups to the shim: %w", err)
 	}
-	started := make(chan error, 1)
-	rp := &Reaper{w: w, done: make(chan struct{})}
-	go func() {
-		defer close(rp.done)
-		// The parent-death signal fires when the thread that forked the
-		// child exits: this goroutine keeps its thread for the reaper's
-		// whole life and never unlocks it, so the signal means the
-		// daemon's death and nothing else.
-		goruntime.LockOSThread()
-		cmd := exec.Command(moat, ReaperCommand, stateDir, strconv.Itoa(os.Getpid()))
-		cmd.Env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-		cmd.Stderr = log
-		cmd.ExtraFiles = []*os.File{r, g.lock}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Pdeathsig: syscall.SIGTERM}
-		err := cmd.Start()
-		r.Close()
-		if err == nil {
-			rp.pid = cmd.Process.Pid
-		}
-		started <- err
-		if err == nil {
-			rp.err = cmd.Wait()
-		}
-	}()
-	if err := <-started; err != nil {
-		w.Close()
-		return nil, fmt.Errorf("starting the cgroup reaper: %w", err)
+	// pidfd_open is Linux 5.3; without it the shim keeps the parent-death
+	// SIGKILL and the next moat up or moat destroy removes the groups.
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		return nil, fmt.Errorf("opening a pidfd of the daemon for its shim: %w", err)
 	}
-	return rp, nil
+	return &Handover{Plan: b, Files: []*os.File{os.NewFile(uintptr(fd), "daemon-pidfd"), g.lock}}, nil
 }
 
-// Dismiss tells the reaper that the daemon removed the group itself; it
-// then exits without touching anything. Bounded: a reaper that does not
-// exit within 2 s is left to finish on its own.
-func (rp *Reaper) Dismiss() {
-	if rp == nil {
-		return
-	}
-	rp.w.Write([]byte{doneByte})
-	rp.w.Close()
-	select {
-	case <-rp.done:
-	case <-time.After(2 * time.Second):
+// Close closes the daemon's copy of the pidfd; the lock is the group's.
+func (h *Handover) Close() {
+	if h != nil {
+		h.Files[0].Close()
 	}
 }
 
-// Reap is the reaper's main. It waits until its daemon (pid daemonPID) is
-// gone: end of file on the pipe, or the parent-death signal with the parent
-// changed. If the daemon dismissed it, it exits at once; otherwise it waits
-// (bounded) for the group to empty, kills what is still inside, removes the
-// group and its record, and exits, releasing the group lock.
-func Reap(stateDir string, daemonPID int) int {
-	// First of all: the parent-death signal is SIGTERM, whose default
-	// action would end the reaper silently, groups left behind, if the
-	// daemon died while the reaper was still joining the daemon's cgroup
-	// (a dozen hierarchies on v1, slow on a loaded host).
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	pipe := os.NewFile(reaperPipeFD, "reaper-pipe")
-	lock := os.NewFile(reaperLockFD, "cgroup-lock")
-	defer lock.Close()
+// Reap is the shim's work once its daemon is gone and it has killed and
+// reaped the guest's processes: it leaves the sandbox's group for the
+// daemon's origin, says in the record whether the kernel's OOM killer
+// took the daemon, waits (bounded) for the sandbox's group to empty and
+// kills what is still inside, and removes both groups and their records.
+// plan is Handover.Plan; it logs to w.
+func Reap(stateDir string, plan []byte, w io.Writer) error {
 	logf := func(format string, a ...any) {
-		fmt.Fprintf(os.Stderr, "time=%s level=INFO msg=%q component=reaper\n", time.Now().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
+		fmt.Fprintf(w, "time=%s level=INFO msg=%q component=shim\n", time.Now().Format(time.RFC3339Nano), fmt.Sprintf(format, a...))
 	}
-	// The groups' records, read now: once the daemon is gone, the state
-	// directory may be going too (a destroy right after a crash).
-	record, recErr := os.ReadFile(filepath.Join(stateDir, GroupFile))
-	daemonRecord, _ := os.ReadFile(filepath.Join(stateDir, DaemonGroupFile))
-	// Into the daemon's group, like everything moat runs for the sandbox
-	// on the host; leave is the way out, to remove it.
-	var dg *Group
-	leave := func() {}
-	if len(daemonRecord) > 0 {
-		var err error
-		if dg, err = loadGroup(daemonRecord); err != nil {
-			logf("%v; staying outside the daemon's cgroup", err)
-		} else if back, err := dg.cg.Join(); err != nil {
-			logf("joining the daemon's cgroup: %v; staying outside it", err)
-		} else {
-			leave = back
-		}
+	var h handover
+	if err := json.Unmarshal(plan, &h); err != nil || h.Sandbox == nil || h.Sandbox.Cgroup == nil || h.Origin == nil || h.Origin.Cgroup == nil {
+		logf("the daemon is gone; cannot read the cgroups it handed over (%v); the next moat up or moat destroy removes them", err)
+		return fmt.Errorf("reading the cgroups the daemon handed over: %v", err)
 	}
-	// When the daemon's group is at its limit, the kernel's OOM killer
-	// must take the daemon, never its reaper, which then says why the
-	// sandbox stopped. Lowering the score takes CAP_SYS_RESOURCE, which
-	// a container's root may lack; without it the daemon, at its limit
-	// several times the reaper's size (the limit is at least 64 MiB), is
-	// still the one the kernel picks, so a refusal is not worth a line.
-	os.WriteFile("/proc/self/oom_score_adj", []byte("-1000"), 0)
-	dismissed := make(chan bool, 1)
-	go func() {
-		b := make([]byte, 1)
-		n, _ := pipe.Read(b)
-		dismissed <- n == 1 && b[0] == doneByte
-	}()
-	for {
-		select {
-		case d := <-dismissed:
-			if d {
-				return 0
-			}
-		case <-sigs:
-			// Also a stray SIGTERM from someone else: only a changed
-			// parent means the daemon is gone.
-			if os.Getppid() == daemonPID {
-				continue
-			}
-		}
-		break
+	// Out of the sandbox's group, which cannot be removed with a process
+	// inside, to where the daemon came from: never into the daemon's.
+	if _, err := h.Origin.Cgroup.Join(); err != nil {
+		logf("the daemon is gone; leaving its sandbox's cgroup: %v (the next moat up or moat destroy removes it)", err)
+		return err
 	}
-	// From here the reaper finishes its work, bounded, whatever else
-	// arrives: the daemon's threads exit one by one, and each exit that
-	// re-parents the reaper sends the parent-death signal again, the last
-	// one (to the new parent) often after the pipe's end of file woke it.
-	// With SIGTERM's default action restored, that signal killed the
-	// reaper between its first and second step, groups left behind.
-	signal.Ignore(unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	code := 0
-	if dg != nil {
+	var errs []error
+	v2 := cgroup.IsOnlyV2()
+	if h.Daemon != nil && h.Daemon.Cgroup != nil {
 		// First, while the sandbox's group empties: a daemon the kernel
 		// killed at its limit says nothing itself.
-		noteDaemonOOM(stateDir, dg, logf)
+		noteDaemonOOM(stateDir, &Group{cg: h.Daemon.Cgroup, v2: v2}, logf)
 	}
-	if !errors.Is(recErr, os.ErrNotExist) {
-		code = reapSandbox(stateDir, record, logf)
-	}
-	if dg != nil {
-		leave()
-		if err := retryRemove(func() error { return removeDaemonGroup(stateDir, dg.cg) }); err != nil {
+	errs = append(errs, reapSandbox(stateDir, &Group{cg: h.Sandbox.Cgroup, v2: v2}, logf))
+	if h.Daemon != nil && h.Daemon.Cgroup != nil {
+		if err := retryRemove(func() error { return removeDaemonGroup(stateDir, h.Daemon.Cgroup) }); err != nil {
 			logf("the daemon is gone; %v (the next moat up or moat destroy removes it)", err)
-			code = 1
+			errs = append(errs, err)
 		}
 	}
-	return code
+	return errors.Join(errs...)
 }
 
 // noteDaemonOOM writes into the sandbox's record, where `moat status`
 // shows it, that the kernel's OOM killer took the daemon at its group's
-// limit, if it did. The sandbox stopped with its daemon (the shim's
-// parent-death signal), so the guest had no network past its gate.
+// limit, if it did. The sandbox stopped with its daemon (its shim killed
+// the guest), so the guest had no network past its gate.
 func noteDaemonOOM(stateDir string, dg *Group, logf func(string, ...any)) {
 	st, err := daemonStats(dg.cg, dg.v2)
 	if err != nil || st.OOMKills == 0 {
@@ -257,18 +178,12 @@ func noteDaemonOOM(stateDir string, dg *Group, logf func(string, ...any)) {
 	})
 }
 
-// reapSandbox waits (bounded) for the sandbox's group, recorded in
-// record, to empty, kills what is still inside, and removes it and its
-// record.
-func reapSandbox(stateDir string, record []byte, logf func(string, ...any)) int {
-	g, err := loadGroup(record)
-	if err != nil {
-		logf("the daemon is gone; cannot read its cgroup record: %v", err)
-		return 1
-	}
+// reapSandbox waits (bounded) for the sandbox's group to empty, kills
+// what is still inside, and removes it and its record.
+func reapSandbox(stateDir string, g *Group, logf func(string, ...any)) error {
 	start := time.Now()
 	left := g.procs()
-	logf("the daemon is gone; %d process(es) left in its sandbox's cgroup", len(left))
+	logf("the daemon is gone; the guest is stopped, %d process(es) left in its sandbox's cgroup", len(left))
 	for len(left) > 0 && time.Since(start) < emptyWait {
 		time.Sleep(50 * time.Millisecond)
 		left = g.procs()
@@ -284,15 +199,17 @@ func reapSandbox(stateDir string, record []byte, logf func(string, ...any)) int 
 	}
 	if err := retryRemove(g.cg.Uninstall); err != nil {
 		logf("the daemon is gone; removing its sandbox's cgroup: %v (the next moat up or moat destroy removes it)", err)
-		return 1
+		return fmt.Errorf("removing the sandbox's cgroup: %w", err)
 	}
 	os.Remove(filepath.Join(stateDir, GroupFile))
 	logf("the daemon is gone; removed its sandbox's cgroup in %s", time.Since(start).Round(time.Millisecond))
-	return 0
+	return nil
 }
 
-// procs lists the processes in the group, over the hierarchies that matter
-// on v1 (a process joins them all at once) or the one group of v2.
+// procs lists the processes in the group that the caller can see (the
+// shim sees those of its own PID namespace, which are all the sandbox's
+// group ever holds), over the hierarchies that matter on v1 (a process
+// joins them all at once) or the one group of v2.
 func (g *Group) procs() []int {
 	seen := map[int]bool{}
 	var out []int
@@ -315,8 +232,8 @@ func (g *Group) procs() []int {
 
 // retryRemove removes a group, trying again for a while when it fails: a
 // group whose last processes have exited is busy until their zombies are
-// reaped, by whichever process adopted them (PID 1 once the daemon is
-// gone), which on a loaded host can take seconds.
+// reaped, by whichever process adopted them, which on a loaded host can
+// take seconds.
 func retryRemove(remove func() error) error {
 	err := remove()
 	for start := time.Now(); err != nil && time.Since(start) < killWait; {

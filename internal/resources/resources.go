@@ -35,8 +35,8 @@
 // never read grew one to 2.7 GiB), so it is bounded too, in a group of its
 // own beside the sandbox's (<id>.daemon, made next to it, with only a
 // memory limit: Limits.DaemonBytes, daemon_memory_max or DaemonLimit).
-// The daemon moves in once the reaper runs, before the shim starts; the
-// reaper joins it too, and every helper the daemon starts is born inside.
+// The daemon moves in before the shim starts, and every helper it starts
+// from then on is born inside.
 // The shim stays in the sandbox's group: it is PID 1 of the guest's PID
 // namespace, its few MiB never grow with anything the guest does, and it
 // must be there for runsc (on v1, linux.cgroupsPath "." is the shim's own
@@ -52,38 +52,68 @@
 // which records on disk name). The cost: admission counts two limits per
 // sandbox (admit.go). At the daemon's limit the kernel reclaims, then its
 // OOM killer takes the daemon (by far the largest process in the group);
-// the shim's parent-death signal then stops the guest, so the guest is
-// never left without its gate, and the reaper writes why into the
-// sandbox's record, where `moat status` shows it. The Go runtime's own
-// soft limit (GoMemLimit) makes the collector work harder well before.
+// its shim then stops the guest, so the guest is never left without its
+// gate, and writes why into the sandbox's record, where `moat status`
+// shows it. The Go runtime's own soft limit (GoMemLimit) makes the
+// collector work harder well before.
 //
-// A killed daemon's group. The shim's parent-death signal takes the
-// sandbox down with a SIGKILLed daemon, but an empty cgroup is not removed
-// by the kernel, and nothing of the daemon's can run after SIGKILL. So the
-// daemon starts a reaper right after creating the group: the same binary
-// (`moat __reaper DIR PID`), its child, in the daemon's group (never the
-// sandbox's, which it must remove; it leaves the daemon's for the group it
-// was born in before it removes that one) and its own session. The reaper
-// holds the read end of a pipe whose write end only the daemon holds
-// (close-on-exec, so no shim or runsc inherits it): end of file there
-// means the daemon is gone, however it went. The reaper then waits, at
-// most 10 s, for the group to empty, SIGKILLs whatever is still inside,
-// removes the group and its record, and exits. Its parent-death signal
-// (SIGTERM, from a thread the daemon locks for the reaper's life) is the
-// second way it learns of the daemon's death, checked against a changed
-// parent pid, so a reaper cannot outlive its daemon for long even if the
-// pipe were somehow held open. A daemon that stops cleanly removes the
-// sandbox's group itself, dismisses its reaper with one byte on the pipe,
-// then leaves and removes its own group (after a failed removal it only
-// leaves, and the reaper retries both once the daemon has exited). The
-// group lock (cgroup.lock in the state dir) orders the two: Create takes
-// it, the reaper inherits the same open file (so it stays held after the
-// daemon's death until the reaper is done), and the next daemon's Create
-// waits for it, so a reaper never removes a group that a new daemon just
-// made under the same name. A systemd-style scope was the alternative;
-// it needs systemd, which this kind of host (and many containers) lacks.
-// `moat up` still removes a group recorded by a sandbox with no daemon and
-// no reaper (the reaper itself killed, say).
+// A killed daemon's groups. An empty cgroup is not removed by the kernel,
+// and nothing of the daemon's runs after SIGKILL, so the shim, which is
+// there anyway, outlives the daemon to remove both groups (Handover,
+// Reap). A separate reaper process did this before; folding it into the
+// shim saves that process's memory (its own anonymous memory and its
+// share of the binary's pages; docs/benchmarks.md), which a reaper of its
+// own, a smaller program, would have cost about as much as. The daemon
+// starts the shim without a parent-death signal and hands it, after its
+// socket, a pidfd of the daemon and the group lock (Handover). The shim
+// learns of the daemon's death in two independent ways: the pidfd
+// becomes readable when the daemon has exited however it went, and the
+// daemon's end of the socket, which only the daemon holds (close-on-exec)
+// and which it closes only after the shim has exited, hangs up. A
+// parent-death signal checked against a changed parent, the reaper's
+// second way, cannot serve: the shim is PID 1 of its namespace, to which
+// getppid says 0 whoever its parent is, and a PID 1 drops a signal that
+// comes before its runtime installed a handler, where a pidfd stays
+// readable. The shim
+// then at once kills every other process of its PID namespace (the guest
+// must never run without its gate; a guest start that races the death is
+// refused or killed), reaps them (at most 5 s), leaves the sandbox's
+// group for the group the daemon came from (it cannot remove a group it
+// is in, and must not stay in the daemon's), writes into the record if
+// the kernel's OOM killer took the daemon, waits at most 10 s for the
+// sandbox's group to empty, SIGKILLs what is still inside, removes it,
+// then the daemon's group once the daemon's last helpers have gone
+// (retrying for 5 s), and exits, releasing the lock. A shim that dies
+// itself (a crash, SIGKILL) still takes its namespace with it; one that
+// root stopped (SIGSTOP) acts on the daemon's death only once continued,
+// where the kernel's parent-death SIGKILL would not have waited. A daemon
+// that stops cleanly stops the shim first and removes both groups
+// itself: no word passes. The group lock (cgroup.lock in the state dir)
+// orders a dying sandbox's shim and the next daemon: Create takes it,
+// the shim inherits the same open file (so it stays held after the
+// daemon's death until the shim is done), and the next daemon's Create,
+// and moat destroy, wait for it, so a shim never removes a group that a
+// new daemon just made under the same name. A systemd-style scope was the
+// alternative to all of it; it needs systemd, which this kind of host
+// (and many containers) lacks.
+//
+// What covers which window. The shim covers a daemon's death from the
+// moment it has read its plan until it exits: the guest's start, its
+// run, a checkpoint being written (runsc checkpoint is killed with the
+// rest and leaves no image: it is renamed into place only when whole), a
+// restore, a stop's grace. No process of the sandbox is left to clean up
+// after the other windows, only groups, which the next Create (moat up,
+// or any start), moat destroy (RemoveStaleWait), and the admission of any
+// other sandbox's start (RemoveStale of sandboxes without a daemon)
+// remove: a daemon killed between Create and the shim's start, or during
+// its own clean-up after the shim has gone; a shim killed together with
+// its daemon; a host without pidfd_open (Linux before 5.3), where the
+// shim keeps the parent-death SIGKILL and does not reap. A suspended
+// sandbox has no process and no group (its stop removed them). Sandboxes
+// without groups have nothing to remove: rootless moat where no cgroup
+// can be written (NoLimits), whose shim keeps the parent-death SIGKILL,
+// and the Docker runtime, whose sandboxes are containers the Docker
+// engine runs: no moat daemon, no shim, and no cgroup of moat's.
 //
 // The soft limit is memory.high on v2 (the kernel throttles and reclaims
 // above it) and memory.soft_limit_in_bytes on v1 (reclaimed first under

@@ -4,14 +4,20 @@
 //
 // The work is split in two so that nothing survives a killed daemon. The
 // daemon starts a shim (the same binary) as PID 1 of fresh PID, mount and
-// network namespaces, with a parent-death signal. The shim mounts the
-// overlays, creates tap0, hands the TAP fd to the daemon, starts the
-// sandbox with `runsc run --detach` and stays as the parent of runsc's
-// sandbox and gofer until the sandbox exits. If the daemon dies, even by
-// SIGKILL, the kernel kills the shim, the PID namespace's other processes
-// die with their PID 1, and the namespaces — with every mount and the TAP
-// device in them — go away with their last process. There is no cleanup
-// code that has to run for that to be true.
+// network namespaces. The shim mounts the overlays, creates tap0, hands
+// the TAP fd to the daemon, starts the sandbox with `runsc run --detach`
+// and stays as the parent of runsc's sandbox and gofer until the sandbox
+// exits. If the daemon dies, even by SIGKILL, the PID namespace's other
+// processes are killed at once, and the namespaces — with every mount and
+// the TAP device in them — go away with their last process, the shim. A
+// sandbox without cgroups has the kernel do it: the shim has a
+// parent-death SIGKILL, and the namespace's processes die with their PID
+// 1. A sandbox with cgroups has its shim do it, because the shim then
+// outlives the daemon to remove the groups (resources.Reap): it learns of
+// the daemon's death from a pidfd and from its socket's hang-up, kills
+// every other process of its namespace, reaps them, and removes the
+// groups; whatever stops the shim (a crash, SIGKILL) still takes the
+// namespace down with it.
 //
 // The same holds for the writable layer's disk image (internal/disk): the
 // shim attaches it to a loop device that detaches itself once unmounted
@@ -19,7 +25,7 @@
 // the image is unmounted and its loop device freed when the namespace
 // goes, however the shim ended. What the shim sets up, and what frees it:
 //
-//	cgroup             the reaper (internal/resources), or the daemon
+//	cgroup             the daemon, or the shim once the daemon is gone
 //	/proc, overlays    the mount namespace, with its last process
 //	disk image mount   the mount namespace, with its last process
 //	loop device        autoclear, when the image's mount goes
@@ -65,6 +71,11 @@ type Plan struct {
 	// from its limits. Without them runsc runs with --ignore-cgroups.
 	Cgroup      json.RawMessage `json:"cgroup,omitempty"`
 	CgroupsPath string          `json:"cgroups_path,omitempty"`
+	// Reap is the groups as the shim removes them if the daemon is
+	// killed (resources.Handover); with it, the shim has the daemon's
+	// pidfd and the group lock at ShimDaemonFD and ShimLockFD, and no
+	// parent-death signal: it stops the guest itself.
+	Reap json.RawMessage `json:"reap,omitempty"`
 	// PidsMax is also the guest's RLIMIT_NPROC, so a fork bomb of the
 	// agent user fails with EAGAIN inside the guest; 0: no limit.
 	PidsMax int `json:"pids_max,omitempty"`

@@ -3,6 +3,7 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -29,11 +31,22 @@ const ShimFD = 3
 // ShimGo is the daemon's word to start the guest, once its gate runs.
 const ShimGo = 'g'
 
+// The fds after ShimFD of a shim that removes its daemon's groups
+// (Plan.Reap, resources.Handover): a pidfd of the daemon, and the group
+// lock, which it holds until the groups are gone.
+const (
+	ShimDaemonFD = 4
+	ShimLockFD   = 5
+)
+
+// errDaemonGone is how a shim ends whose daemon died.
+var errDaemonGone = errors.New("the daemon is gone: the guest is stopped")
+
 // Shim runs in the fresh namespaces: it mounts the root filesystem,
 // creates tap0, hands its fd to the daemon over ShimFD and runs the
 // sandbox. It returns when the sandbox has exited, with an error unless it
 // exited cleanly.
-func Shim(planPath string) error {
+func Shim(planPath string) (err error) {
 	// Started by an ordinary user's daemon in a user namespace: until
 	// its maps are written this process's uid is unmapped and can do
 	// nothing, not even read the plan.
@@ -48,6 +61,15 @@ func Shim(planPath string) error {
 		return err
 	}
 	p.Rootless = rootless
+	// With the groups to remove, this shim outlives a killed daemon and
+	// stops the guest itself (watchDaemon); the reap runs on every way
+	// out once the daemon is gone.
+	h := watchDaemon(p)
+	defer func() {
+		if h.isGone() {
+			err = h.reap(p)
+		}
+	}()
 	if rootless {
 		// runsc's state of an earlier start belongs to the namespace's
 		// root (a subordinate id): the daemon, as the user, could not
@@ -115,7 +137,7 @@ func Shim(planPath string) error {
 	// but no runsc process may inherit it.
 	unix.CloseOnExec(ShimFD)
 	p.noteGuestBinary() // suspend_linux.go
-	return superviseRunsc(p, bundle)
+	return superviseRunsc(p, bundle, h)
 }
 
 // StopGrace is how long the guest gets between SIGTERM and SIGKILL.
@@ -133,7 +155,7 @@ const StopGrace = 10 * time.Second
 // nothing. SIGTERM asks the guest to stop (runsc kill TERM, run from inside
 // this namespace, where runsc's recorded pids mean what they say), then
 // kills it after StopGrace.
-func superviseRunsc(p *Plan, bundle string) error {
+func superviseRunsc(p *Plan, bundle string, h *heir) error {
 	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
@@ -147,7 +169,14 @@ func superviseRunsc(p *Plan, bundle string) error {
 	run := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), args...)...)
 	run.Stdout, run.Stderr, run.Env = os.Stdout, os.Stderr, env
 	t0 := time.Now()
-	if err := run.Run(); err != nil {
+	err := h.start(run)
+	if err == nil {
+		err = run.Wait()
+	}
+	if h.isGone() {
+		return errDaemonGone
+	}
+	if err != nil {
 		if p.Restore != "" {
 			return restoreFailed(p, err)
 		}
@@ -188,9 +217,13 @@ func superviseRunsc(p *Plan, bundle string) error {
 				kill.Run()
 				time.AfterFunc(StopGrace, func() { unix.Kill(-1, unix.SIGKILL) })
 			}
+		case <-h.done():
+			return errDaemonGone
 		case w, ok := <-words:
 			if !ok {
-				words = nil // the daemon closed its end: it stops us by signal
+				// The daemon closed its end: it stops us by signal, or
+				// it is gone, which the heir sees too.
+				words = nil
 				continue
 			}
 			// Run here, not in a goroutine: reap must not take the
@@ -463,4 +496,159 @@ func configureLinks() error {
 		return fmt.Errorf("adding gateway neighbour: %w", err)
 	}
 	return nil
+}
+
+// heir is a shim's watch on its daemon when the shim is to remove the
+// daemon's groups (Plan.Reap). The daemon then starts it without a
+// parent-death signal, so that it outlives a killed daemon, and the shim
+// does what that signal's SIGKILL did: it kills every other process of
+// its PID namespace the moment the daemon is gone. Two independent ways
+// tell it: the daemon's pidfd becomes readable when the daemon has
+// exited, however it went, and the daemon's end of the socket, which
+// only the daemon holds and closes only after this shim has exited,
+// hangs up. (The reaper this replaces checked its parent-death signal
+// against a changed parent; the shim, PID 1 of its own namespace, always
+// sees 0 as its parent, and a PID 1 would drop a signal that arrived
+// before its runtime installed a handler, where a pidfd stays readable.)
+// A nil heir does nothing: the shim has the parent-death SIGKILL.
+type heir struct {
+	daemonFD, sockFD int // the daemon's pidfd and the shim's end of its socket
+
+	mu     sync.Mutex // orders the guest's start with the daemon's death
+	gone   bool
+	once   sync.Once
+	doneCh chan struct{} // closed once gone, the namespace killed
+}
+
+// reapWait bounds the wait for the namespace's killed processes.
+const reapWait = 5 * time.Second
+
+// watchDaemon starts the shim's watch on its daemon, or returns nil for a
+// plan without groups to remove.
+func watchDaemon(p *Plan) *heir {
+	if len(p.Reap) == 0 {
+		return nil
+	}
+	unix.CloseOnExec(ShimDaemonFD)
+	unix.CloseOnExec(ShimLockFD)
+	if p.Rootless {
+		// userns.Wait set the parent-death SIGKILL again after its
+		// setuid; the daemon started this shim without one.
+		unix.Prctl(unix.PR_SET_PDEATHSIG, 0, 0, 0, 0)
+	}
+	return newHeir(ShimDaemonFD, ShimFD)
+}
+
+// newHeir watches the daemon whose pidfd is daemonFD, and the socket
+// sockFD to it.
+func newHeir(daemonFD, sockFD int) *heir {
+	h := &heir{daemonFD: daemonFD, sockFD: sockFD, doneCh: make(chan struct{})}
+	go func() {
+		for !h.poll(-1) {
+		}
+		h.fire()
+	}()
+	return h
+}
+
+// poll reports whether the daemon is gone, waiting up to timeoutMs for it
+// (-1: until it is). A poll that fails for another reason than a signal
+// says gone: the guest must not run on without a daemon watching it.
+func (h *heir) poll(timeoutMs int) bool {
+	fds := []unix.PollFd{
+		{Fd: int32(h.daemonFD), Events: unix.POLLIN},
+		{Fd: int32(h.sockFD), Events: unix.POLLRDHUP},
+	}
+	n, err := unix.Poll(fds, timeoutMs)
+	if errors.Is(err, unix.EINTR) || errors.Is(err, unix.EAGAIN) {
+		return false
+	}
+	return err != nil || n > 0
+}
+
+// fire acts on the daemon's death, once: every other process of the
+// namespace is killed, and the shim's reads of the daemon's words end.
+func (h *heir) fire() {
+	h.once.Do(func() {
+		h.mu.Lock()
+		h.gone = true
+		// The daemon's end of the log pipe is gone too: a write to
+		// stderr must fail, not end the shim before the groups are
+		// removed.
+		signal.Ignore(syscall.SIGPIPE)
+		killNamespace()
+		unix.Shutdown(h.sockFD, unix.SHUT_RDWR)
+		h.mu.Unlock()
+		close(h.doneCh)
+	})
+}
+
+// isGone reports whether the daemon is gone, acting on it if the watch
+// has not yet.
+func (h *heir) isGone() bool {
+	if h == nil {
+		return false
+	}
+	if h.poll(0) {
+		h.fire()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.gone
+}
+
+// done is closed once the daemon is gone; nil (never) without a heir.
+func (h *heir) done() <-chan struct{} {
+	if h == nil {
+		return nil
+	}
+	return h.doneCh
+}
+
+// start starts the guest's runsc unless the daemon is gone: under the
+// lock, so the guest is either refused or started before fire kills it.
+func (h *heir) start(cmd *exec.Cmd) error {
+	if h == nil {
+		return cmd.Start()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.gone {
+		return errDaemonGone
+	}
+	return cmd.Start()
+}
+
+// reap ends a shim whose daemon is gone: it reaps the namespace's killed
+// processes (bounded), then removes the groups (resources.Reap), logging
+// into the daemon's log, whose pipe has no reader any more.
+func (h *heir) reap(p *Plan) error {
+	for deadline := time.Now().Add(reapWait); time.Now().Before(deadline); {
+		killNamespace()
+		pid, err := unix.Wait4(-1, nil, unix.WNOHANG, nil)
+		if errors.Is(err, unix.ECHILD) {
+			break
+		}
+		if pid <= 0 {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	w := io.Writer(os.Stderr)
+	if f, err := os.OpenFile(filepath.Join(p.StateDir, "daemon.log"), os.O_WRONLY|os.O_APPEND, 0); err == nil {
+		defer f.Close()
+		w = f
+	}
+	if err := resources.Reap(p.StateDir, p.Reap, w); err != nil {
+		return fmt.Errorf("%w; %v", errDaemonGone, err)
+	}
+	return errDaemonGone
+}
+
+// killNamespace kills every process of the shim's PID namespace but the
+// shim. Only as that namespace's PID 1: anywhere else kill(-1) would
+// reach every process of the host.
+func killNamespace() {
+	if os.Getpid() == 1 {
+		unix.Kill(-1, unix.SIGKILL)
+	}
 }

@@ -1,12 +1,15 @@
 package runtime
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -195,5 +198,83 @@ func TestHideSecrets(t *testing.T) {
 	}
 	if len(present) < 2 {
 		t.Logf("only %s on this host: the whiteouts themselves were not checked", present[0])
+	}
+}
+
+// TestHeirSeesTheDaemonGo: a shim that removes its daemon's groups learns
+// of the daemon's death in either of two independent ways (its pidfd, the
+// hang-up of its socket), and not otherwise; once it has, no guest starts.
+// The daemon here is a child process of the test; the shim's kill of its
+// namespace is a no-op outside a PID namespace of its own.
+func TestHeirSeesTheDaemonGo(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		end  func(daemon *exec.Cmd, sock *os.File) // how the daemon goes; nil: it does not
+	}{
+		{name: "daemon alive"},
+		{name: "daemon killed", end: func(d *exec.Cmd, _ *os.File) { d.Process.Kill(); d.Wait() }},
+		// Its pidfd would say nothing if another process held it up.
+		{name: "socket hung up", end: func(_ *exec.Cmd, sock *os.File) { sock.Close() }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			daemon := exec.Command("sleep", "60")
+			if err := daemon.Start(); err != nil {
+				t.Fatal(err)
+			}
+			pidfd, err := unix.PidfdOpen(daemon.Process.Pid, 0)
+			if err != nil {
+				daemon.Process.Kill()
+				daemon.Wait()
+				t.Skipf("no pidfd_open here (Linux 5.3): %v", err)
+			}
+			pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			theirs, ours := os.NewFile(uintptr(pair[0]), "daemon"), os.NewFile(uintptr(pair[1]), "shim")
+			h := newHeir(pidfd, pair[1])
+			// The heir's watch ends before its fds are closed: it acts on
+			// them when it fires.
+			defer func() {
+				daemon.Process.Kill()
+				daemon.Wait()
+				select {
+				case <-h.done():
+				case <-time.After(10 * time.Second):
+					t.Fatal("the heir did not see its daemon killed within 10 s")
+				}
+				unix.Close(pidfd)
+				theirs.Close()
+				ours.Close()
+			}()
+			if h.isGone() {
+				t.Fatal("gone before the daemon went")
+			}
+			if tt.end != nil {
+				tt.end(daemon, theirs)
+			}
+			wait := 300 * time.Millisecond
+			if tt.end != nil {
+				wait = 10 * time.Second
+			}
+			select {
+			case <-h.done():
+				if tt.end == nil {
+					t.Fatal("the heir says the daemon is gone; it is alive")
+				}
+			case <-time.After(wait):
+				if tt.end != nil {
+					t.Fatalf("the heir did not see the daemon go within %v", wait)
+				}
+				return
+			}
+			if !h.isGone() {
+				t.Error("isGone is false after done closed")
+			}
+			guest := exec.Command("true")
+			if err := h.start(guest); !errors.Is(err, errDaemonGone) || guest.Process != nil {
+				t.Errorf("a guest started after the daemon went: %v", err)
+			}
+		})
 	}
 }

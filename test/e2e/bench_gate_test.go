@@ -283,7 +283,7 @@ func sandboxDaemon(t *testing.T, name string) int {
 }
 
 // cpuSplit is the CPU time used by a daemon itself and by every process
-// below it (shim, reaper, runsc's sandbox, gofer and stub processes, where
+// below it (shim, runsc's sandbox, gofer and stub processes, where
 // the guest's own code runs under systrap).
 type cpuSplit struct{ daemon, rest time.Duration }
 

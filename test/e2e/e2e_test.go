@@ -222,7 +222,7 @@ func assertNothingLeft(t *testing.T) {
 			left = append(left, "mounts under MOAT_HOME")
 		}
 		for _, l := range strings.Split(string(ps), "\n") {
-			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim") || strings.Contains(l, "__reaper") || strings.Contains(l, "__gate")) {
+			if strings.Contains(l, moatHome) && (strings.Contains(l, "runsc") || strings.Contains(l, "__daemon") || strings.Contains(l, "__shim") || strings.Contains(l, "__gate")) {
 				left = append(left, l)
 			}
 		}
@@ -239,7 +239,8 @@ func assertNothingLeft(t *testing.T) {
 
 // cgroupDiagnosis says what is still in this MOAT_HOME's cgroups (pid, state
 // and name of each process, whatever its command line) and what the
-// sandboxes' reapers logged: for a test that finds a cgroup left behind.
+// sandboxes' shims logged once their daemon was gone: for a test that
+// finds a cgroup left behind.
 func cgroupDiagnosis() string {
 	var b strings.Builder
 	for _, g := range ourCgroups() {
@@ -257,7 +258,7 @@ func cgroupDiagnosis() string {
 	for _, l := range logs {
 		data, _ := os.ReadFile(l)
 		for _, line := range strings.Split(string(data), "\n") {
-			if strings.Contains(line, "component=reaper") {
+			if strings.Contains(line, "component=shim") {
 				fmt.Fprintf(&b, "%s: %s\n", filepath.Base(filepath.Dir(l)), line)
 			}
 		}
@@ -312,7 +313,7 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 		t.Fatal("no cgroup of the running sandbox found under /sys/fs/cgroup: the check below would prove nothing")
 	}
 	t.Cleanup(func() {
-		// What the reaper said, before the project's clean-up removes it.
+		// What the shim said, before the project's clean-up removes it.
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(moatHome, "state/sandboxes/crashy/daemon.log"))
 			lines := strings.Split(strings.TrimSpace(string(b)), "\n")
@@ -326,7 +327,7 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 	// Nothing left, the sandbox's cgroup included, before any moat
-	// command runs again: the killed daemon's reaper removed it.
+	// command runs again: the killed daemon's shim removed it.
 	assertNothingLeft(t)
 	if out := mustMoat(t, dir, "list"); !strings.Contains(out, "crashed") {
 		t.Fatalf("list after SIGKILL:\n%s", out)
@@ -336,27 +337,27 @@ func TestSIGKILLDaemonCrashesAndRecovers(t *testing.T) {
 		t.Fatalf("after recovery: %q", out)
 	}
 
-	// A daemon killed together with its reaper leaves its cgroup behind:
-	// destroy removes it with the rest. (The reaper is stopped first, so
+	// A daemon killed together with its shim leaves its cgroups behind:
+	// destroy removes them with the rest. (The shim is stopped first, so
 	// that it cannot act between the two kills.)
 	b, err = os.ReadFile(filepath.Join(moatHome, "state/sandboxes/crashy/daemon.pid"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	out, err := exec.Command("pgrep", "-f", "__reaper "+filepath.Join(moatHome, "state/sandboxes/crashy")+" ").Output()
-	reaper, _ := strconv.Atoi(strings.TrimSpace(string(out)))
-	if err != nil || reaper <= 0 {
-		t.Fatalf("finding the daemon's reaper: %v %q", err, out)
+	out, err := exec.Command("pgrep", "-f", "__shim "+filepath.Join(moatHome, "state/sandboxes/crashy/shim.json")).Output()
+	shim, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil || shim <= 0 {
+		t.Fatalf("finding the daemon's shim: %v %q", err, out)
 	}
-	syscall.Kill(reaper, syscall.SIGSTOP)
+	syscall.Kill(shim, syscall.SIGSTOP)
 	syscall.Kill(pid, syscall.SIGKILL)
-	syscall.Kill(reaper, syscall.SIGKILL)
-	for i := 0; i < 100 && (syscall.Kill(pid, 0) == nil || syscall.Kill(reaper, 0) == nil); i++ {
+	syscall.Kill(shim, syscall.SIGKILL)
+	for i := 0; i < 100 && (syscall.Kill(pid, 0) == nil || syscall.Kill(shim, 0) == nil); i++ {
 		time.Sleep(50 * time.Millisecond)
 	}
 	if len(ourCgroups()) == 0 {
-		t.Fatal("the cgroup is gone without its reaper: the destroy below would prove nothing")
+		t.Fatal("the cgroup is gone without its shim: the destroy below would prove nothing")
 	}
 	mustMoat(t, dir, "destroy", "--yes")
 	assertNothingLeft(t)

@@ -1,10 +1,11 @@
 package e2e
 
 // The daemon's own cgroup: everything moat runs for a sandbox
-// on the host lives in a memory-limited group, the daemon and its reaper
-// in the daemon group beside the sandbox's, the shim in the sandbox's;
-// destroy removes both; a daemon the kernel kills at its group's limit
-// takes the sandbox down with it, and status says why.
+// on the host lives in a memory-limited group, the daemon in the daemon
+// group beside the sandbox's, the shim in the sandbox's; destroy removes
+// both; a daemon the kernel kills at its group's limit takes the sandbox
+// down with it (its shim stops the guest and removes both groups), and
+// status says why.
 
 import (
 	"encoding/json"
@@ -79,17 +80,30 @@ func pidOf(t *testing.T, what, pattern string) int {
 	return pid
 }
 
-// hostPids are a running sandbox's daemon, reaper and shim.
-func hostPids(t *testing.T, dir, name string) (daemon, reaper, shim int) {
+// hostPids are a running sandbox's daemon and shim.
+func hostPids(t *testing.T, dir, name string) (daemon, shim int) {
 	t.Helper()
 	state := filepath.Join(moatHome, "state", "sandboxes", name)
 	daemon = statusOf(t, dir, name).DaemonPID
 	if daemon <= 0 {
 		t.Fatalf("status of %s has no daemon pid", name)
 	}
-	reaper = pidOf(t, "reaper", "__reaper "+state+" ")
 	shim = pidOf(t, "shim", "__shim "+filepath.Join(state, "shim.json"))
-	return daemon, reaper, shim
+	return daemon, shim
+}
+
+// runscOf are the command lines of the sandbox's runsc processes (its
+// sandbox, gofer, and any runsc command): what the guest is on the host.
+func runscOf(name string) []string {
+	state := filepath.Join(moatHome, "state", "sandboxes", name)
+	out, _ := exec.Command("ps", "-eo", "args").Output()
+	var left []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.Contains(l, "runsc") && strings.Contains(l, state+"/") {
+			left = append(left, l)
+		}
+	}
+	return left
 }
 
 type daemonStatus struct {
@@ -99,7 +113,7 @@ type daemonStatus struct {
 	} `json:"resources"`
 }
 
-// The daemon and its reaper are in the daemon group, limited as
+// The daemon is in the daemon group, limited as
 // documented (128 MiB + memory_max/16 unless daemon_memory_max says);
 // the shim is in the sandbox's group beside it; status shows the group;
 // destroy removes both groups.
@@ -110,14 +124,11 @@ func TestDaemonGroup(t *testing.T) {
 
 	check := func(step string, wantLimit uint64) (daemonGroup, sandboxGroup string) {
 		t.Helper()
-		daemon, reaper, shim := hostPids(t, dir, "hostgroup")
+		daemon, shim := hostPids(t, dir, "hostgroup")
 		daemonGroup = memCgroup(t, daemon)
 		base := filepath.Base(daemonGroup)
 		if filepath.Base(filepath.Dir(daemonGroup)) != "moat" || !strings.HasPrefix(base, "hostgroup-") || !strings.HasSuffix(base, ".daemon") {
 			t.Fatalf("%s: the daemon (pid %d) is in %s, want moat/hostgroup-<hash>.daemon", step, daemon, daemonGroup)
-		}
-		if got := memCgroup(t, reaper); got != daemonGroup {
-			t.Errorf("%s: the reaper (pid %d) is in %s, want the daemon's group %s", step, reaper, got, daemonGroup)
 		}
 		sandboxGroup = strings.TrimSuffix(daemonGroup, ".daemon")
 		if got := memCgroup(t, shim); got != sandboxGroup {
@@ -154,9 +165,8 @@ func TestDaemonGroup(t *testing.T) {
 }
 
 // A daemon the kernel's OOM killer takes at its group's limit stops the
-// sandbox (its shim, and with it the guest, dies of the parent-death
-// signal), and status says why; both groups are removed and the next up
-// starts it again.
+// sandbox (its shim kills the guest at once, then removes both groups),
+// and status says why; the next up starts it again.
 //
 // What fills the group is a ballast process the test puts into it, not
 // the daemon: a guest can no longer make the daemon grow without bound
@@ -168,7 +178,10 @@ func TestDaemonOOMStopsSandbox(t *testing.T) {
 	dir := project(t, "daemon-oom")
 	writeToml(t, dir, "[sandbox]\nmemory = \"512MiB\"\nmemory_max = \"1GiB\"\ndaemon_memory_max = \"128MiB\"\n")
 	mustMoat(t, dir, "up")
-	daemon, _, shim := hostPids(t, dir, "daemon-oom")
+	daemon, shim := hostPids(t, dir, "daemon-oom")
+	if len(runscOf("daemon-oom")) == 0 {
+		t.Fatal("no runsc process of the running sandbox found: the check that the guest stops would prove nothing")
+	}
 	group := memCgroup(t, daemon)
 	if err := os.WriteFile(filepath.Join("/proc", strconv.Itoa(daemon), "oom_score_adj"), []byte("1000"), 0); err != nil {
 		t.Fatal(err)
@@ -184,11 +197,17 @@ func TestDaemonOOMStopsSandbox(t *testing.T) {
 			t.Fatalf("the daemon (pid %d) outlived 30 s of its group at the limit", daemon)
 		}
 	}
+	for deadline := time.Now().Add(10 * time.Second); len(runscOf("daemon-oom")) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest outlived its daemon by 10 s, running without its gate: %q", runscOf("daemon-oom"))
+		}
+	}
+	// The shim removes the daemon's group once the ballast is gone too.
 	ballast.Process.Kill()
 	ballast.Wait()
-	for deadline := time.Now().Add(10 * time.Second); syscall.Kill(shim, 0) == nil; time.Sleep(50 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); syscall.Kill(shim, 0) == nil; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the shim (pid %d) outlived its daemon by 10 s: the guest would be running without its gate", shim)
+			t.Fatalf("the shim (pid %d) outlived its daemon by 30 s, the time a new start waits for its cgroup lock", shim)
 		}
 	}
 	assertNothingLeft(t)

@@ -17,7 +17,7 @@ import (
 // TestPrivilegeSeparation: of a running sandbox's moat processes, the one
 // that reads the guest's bytes (the gate process) runs as a uid of its
 // own with no capabilities, no_new_privs and a seccomp filter on every
-// thread; the privileged ones (the keeper, its reaper, the shim) hold no
+// thread; the privileged ones (the keeper, the shim) hold no
 // descriptor the guest's bytes arrive on; and from inside the gate
 // process, a test build's escape attempts all fail while it goes on
 // serving the guest.
