@@ -163,6 +163,17 @@ EOF`, url, gatewayIP, port, gatewayIP, port, gatewayIP, other.port)
 		t.Errorf("records of the other path: %d, of the undeclared port: %d; want one each", other404, undeclared)
 	}
 
+	// No reverse forward may meet the server's port, on the gateway's side or the host's: it
+	// would carry raw bytes to the server around its rules.
+	t.Run("no_forward_around_it", func(t *testing.T) {
+		for _, spec := range []string{fmt.Sprint(port), fmt.Sprintf("%d:%d", port, freePort(t))} {
+			r := moat(t, g.dir, nil, "forward", "add", "--reverse", g.name, spec)
+			if r.code != 2 || !strings.Contains(r.stderr, "MCP server ed's") {
+				t.Errorf("forward add --reverse %s: exit %d, stderr %q; want a usage error naming the server", spec, r.code, r.stderr)
+			}
+		}
+	})
+
 	// A call no pattern decides waits for a watcher, as for a remote server.
 	t.Run("watcher", func(t *testing.T) {
 		w := attachWatcher(t, g)
