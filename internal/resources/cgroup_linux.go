@@ -35,9 +35,10 @@ type Group struct {
 	path string   // what runsc gets as linux.cgroupsPath
 	lock *os.File // the group lock (reaper_linux.go), held from Create to Release
 
-	daemon cgroup.Cgroup // the daemon group; nil in a group loaded from an old record
-	leave  func()        // moves the daemon back to where it came from (JoinDaemon)
-	origin cgroup.Cgroup // where the daemon came from, for its shim (Handover)
+	daemon    cgroup.Cgroup // the daemon group; nil in a group loaded from an old record
+	leave     func()        // moves the daemon back to where it came from (JoinDaemon)
+	origin    cgroup.Cgroup // where the daemon came from, for its shim (Handover)
+	originErr error         // why there is no origin
 }
 
 // groupID names the group: the sandbox's name, for a person reading
@@ -218,15 +219,14 @@ func (g *Group) JoinDaemon() error {
 	if g.daemon == nil {
 		return nil
 	}
-	origin, err := selfGroup()
-	if err != nil {
-		return fmt.Errorf("finding the daemon's own cgroup: %w", err)
-	}
+	// Without its origin, the shim cannot remove the groups (Handover
+	// says so); the daemon is bounded all the same.
+	g.origin, g.originErr = selfGroup()
 	leave, err := g.daemon.Join()
 	if err != nil {
 		return fmt.Errorf("joining the daemon's cgroup: %w", err)
 	}
-	g.leave, g.origin = leave, origin
+	g.leave = leave
 	return nil
 }
 

@@ -93,6 +93,9 @@ type Handover struct {
 // it once the shim has exited.
 func (g *Group) Handover() (*Handover, error) {
 	if g.origin == nil {
+		if g.originErr != nil {
+			return nil, fmt.Errorf("handing the cgroups to the shim: finding the daemon's own cgroup: %w", g.originErr)
+		}
 		return nil, errors.New("handing the cgroups to the shim: the daemon has not joined its own group")
 	}
 	h := handover{Sandbox: &cgroup.CgroupJSON{Cgroup: g.cg}, Origin: &cgroup.CgroupJSON{Cgroup: g.origin}}
