@@ -21,6 +21,8 @@ func FuzzParse(f *testing.F) {
 		"[sandbox]\ncpus = 1\ncpus = 2\n[sandbox]",
 		"x = [[[[[[[[[[1]]]]]]]]]]",
 		"[[a.b]]\n[[a]]\n[a.b.c]",
+		"[mcp.a]\nurl = \"http://127.0.0.1:7777/mcp\"\n[mcp.b]\nurl = \"http://127.0.0.1:7777/MCP/\"\n[forwards]\nreverse = [7777]",
+		"[mcp.a]\nurl = \"http://[::1]:7/\"\n[mcp.b]\nurl = \"http://127.0.0.1:53\"\nsecret = \"X\"",
 	} {
 		f.Add([]byte(s))
 	}
