@@ -20,6 +20,8 @@ var heavy = []struct{ prefix, why, owner string }{
 	{"go.opentelemetry.io/", "the Docker SDK's tracing", "moat-docker"},
 	{"github.com/prometheus/", "the gate service's metrics", "moat-gate"},
 	{"google.golang.org/protobuf", "Prometheus's wire format", "moat-gate"},
+	{"k8s.io/client-go", "the gate service's Kubernetes informers", "moat-gate"},
+	{"sigs.k8s.io/agent-sandbox/clients", "agent-sandbox's clients and informers", "moat-gate"},
 }
 
 // commands are the binaries checked.

@@ -52,6 +52,26 @@ type Config struct {
 	Upstream []netip.AddrPort
 
 	Tenants []Tenant // sorted by name
+
+	// Kube, when set, makes the service's tenants the sandbox pods of a
+	// Kubernetes cluster (kube.go): each pod's address is its tenant,
+	// found by watching Pods and agent-sandbox's objects. Tenants is
+	// then empty: a subnet tenant covering pods would serve a pod the
+	// watch does not know yet, which must get nothing.
+	Kube *Kube
+}
+
+// Kube is [kubernetes]: where the cluster is and which pods are served.
+type Kube struct {
+	// Kubeconfig is a kubeconfig file; "": the pod's own ServiceAccount
+	// (in-cluster).
+	Kubeconfig string
+	// Node limits the pods served to those scheduled on it (a DaemonSet's
+	// gate serves its own node); "": every node.
+	Node string
+	// Audit is the one audit log of every sandbox's records, which name
+	// the sandbox and its claim.
+	Audit string
 }
 
 // Tenant is one client of the service, known by its source addresses.
@@ -79,6 +99,13 @@ type rawConfig struct {
 	Listen   rawListen            `toml:"listen"`
 	Upstream rawUpstream          `toml:"upstream"`
 	Tenants  map[string]rawTenant `toml:"tenants"`
+	Kube     *rawKube             `toml:"kubernetes"`
+}
+
+type rawKube struct {
+	Kubeconfig *string `toml:"kubeconfig"`
+	Node       *string `toml:"node"`
+	Audit      *string `toml:"audit"`
 }
 
 type rawService struct {
@@ -349,7 +376,46 @@ func (c *checker) check(raw *rawConfig) *Config {
 		t.Pushed = c.pushed(key+".pushed", rt.Pushed, cfg.Control)
 		cfg.Tenants = append(cfg.Tenants, t)
 	}
+	if raw.Kube != nil {
+		cfg.Kube = c.kube(raw.Kube, cfg)
+	}
 	return cfg
+}
+
+// kube checks [kubernetes].
+func (c *checker) kube(rk *rawKube, cfg *Config) *Kube {
+	k := &Kube{}
+	if len(cfg.Tenants) > 0 {
+		c.fail("kubernetes", "set with [tenants]: with [kubernetes] each sandbox pod is a tenant of its own, and a subnet tenant would serve pods the service does not know yet; remove one of them")
+	}
+	if cfg.Names.IsValid() {
+		c.fail("kubernetes", "set with service.names, which nothing routes to one pod on a cluster; remove service.names")
+	}
+	if cfg.Control != "" {
+		c.fail("kubernetes", "set with service.control: a sandbox's secret values come from Kubernetes Secrets; remove service.control")
+	}
+	if p := rk.Kubeconfig; p != nil {
+		k.Kubeconfig = c.absPath("kubernetes.kubeconfig", *p)
+	}
+	if n := rk.Node; n != nil {
+		v := *n
+		if name, ok := strings.CutPrefix(v, "env:"); ok {
+			// A DaemonSet's pods share one configuration; each learns its
+			// node from the downward API.
+			var set bool
+			if v, set = os.LookupEnv(name); !set || v == "" {
+				c.fail("kubernetes.node", "%q: the variable %s is not set; give the pod env %s from fieldRef spec.nodeName", *n, name, name)
+			}
+		}
+		k.Node = v
+	}
+	if cfg.StateDir != "" {
+		k.Audit = filepath.Join(cfg.StateDir, "audit", "kubernetes.jsonl")
+	}
+	if p := rk.Audit; p != nil {
+		k.Audit = c.absPath("kubernetes.audit", *p)
+	}
+	return k
 }
 
 // secretName is what a [secrets] table's name may be (an environment

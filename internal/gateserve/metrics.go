@@ -111,7 +111,8 @@ func (s *Service) serveMetrics(ctx context.Context, l net.Listener) {
 			http.Error(w, "unhealthy: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
-		fmt.Fprintf(w, "ok: %d tenants, up %s\n", len(s.tenants.Load().byName), time.Since(s.started).Round(time.Second))
+		tt := s.tenants.Load()
+		fmt.Fprintf(w, "ok: %d tenants, up %s\n", len(tt.byName)+len(tt.byAddr), time.Since(s.started).Round(time.Second))
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
@@ -128,6 +129,11 @@ func (s *Service) health() error {
 	var errs []error
 	if err := s.unknown.Failing(); err != nil {
 		errs = append(errs, fmt.Errorf("audit log for unknown sources: %w", err))
+	}
+	if s.kube != nil {
+		if err := s.kube.health(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for name, t := range s.tenants.Load().byName {
 		if err := t.audit.Failing(); err != nil {

@@ -196,6 +196,18 @@ func (s *Service) jailBinds() (binds []lockdown.Bind, reread []string, err error
 		return nil, nil, err
 	}
 	reread = []string{s.cfg.Path}
+	if k := s.cfg.Kube; k != nil {
+		if err := own(k.Audit); err != nil {
+			return nil, nil, err
+		}
+		// The API client reads its credentials again as they rotate: the
+		// kubelet swaps the ServiceAccount token's directory in place.
+		if k.Kubeconfig != "" {
+			reread = append(reread, k.Kubeconfig)
+		} else {
+			reread = append(reread, filepath.Join(serviceAccountDir, "token"))
+		}
+	}
 	for _, t := range s.tenants.Load().byName {
 		if err := own(t.cfg.Audit); err != nil {
 			return nil, nil, err
@@ -235,6 +247,10 @@ func (s *Service) jailBinds() (binds []lockdown.Bind, reread []string, err error
 	}
 	return binds, reread, nil
 }
+
+// serviceAccountDir is where a pod's ServiceAccount token is mounted
+// (client-go's rest.InClusterConfig reads it there).
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 // readableBy reports whether uid (with group gid and no others) may read
 // path, and search its directory (the jail binds the directory), by the

@@ -177,6 +177,9 @@ type Options struct {
 	HostAddrs []netip.Addr
 	// Resolvers overrides Config.Upstream and /etc/resolv.conf (tests).
 	Resolvers []netip.AddrPort
+	// Kube overrides the clients [kubernetes] makes from its kubeconfig
+	// or the pod's ServiceAccount (tests).
+	Kube *KubeClients
 }
 
 // Service is a running gate service.
@@ -196,8 +199,11 @@ type Service struct {
 	// socket (control.go), by tenant and secret: in memory only.
 	pushed map[string]map[string][]byte
 
-	// tenants is swapped whole by a reload.
+	// tenants is swapped whole by a reload, or by the Kubernetes
+	// source whenever a pod or what it is bound to changes.
 	tenants atomic.Pointer[tenantTable]
+	// kube is the Kubernetes tenant source; nil without [kubernetes].
+	kube *kubeSource
 }
 
 // tenant is one tenant's gate and what a reload changes in it.
@@ -209,6 +215,12 @@ type tenant struct {
 	dnsSem chan struct{} // DNS queries being answered at once
 	// fixed is what the gate was built with that a reload cannot change.
 	fixed fixedNetwork
+	// gone ends when the tenant is removed (a Kubernetes pod deleted):
+	// its open connections are cut. nil: never.
+	gone context.Context
+	// gateKey is a Kubernetes tenant's name in its gate's records
+	// (kube_source.go's gateKey).
+	gateKey string
 }
 
 // fixedNetwork is the part of a tenant's [network] a gate takes at start.
@@ -226,6 +238,8 @@ func fixedOf(n config.Network) fixedNetwork {
 type tenantTable struct {
 	byName  map[string]*tenant
 	entries []tableEntry // longest prefix first
+	// byAddr is the Kubernetes source's: one pod's address each.
+	byAddr map[netip.Addr]*tenant
 }
 
 type tableEntry struct {
@@ -248,6 +262,9 @@ func newTable(ts []*tenant) *tenantTable {
 // lookup is the tenant src belongs to, or nil.
 func (tt *tenantTable) lookup(src netip.Addr) *tenant {
 	src = src.Unmap()
+	if t, ok := tt.byAddr[src]; ok {
+		return t
+	}
 	for _, e := range tt.entries {
 		if e.p.Contains(src) {
 			return e.t
@@ -322,6 +339,12 @@ func New(o Options) (*Service, error) {
 		ts = append(ts, t)
 	}
 	s.tenants.Store(newTable(ts))
+	if cfg.Kube != nil {
+		if s.kube, err = newKubeSource(s, o.Kube); err != nil {
+			s.unknown.Close()
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -354,10 +377,16 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 		return nil, fmt.Errorf("tenant %s: opening its audit log: %w", tc.Name, err)
 	}
 	al.Tap(s.metrics.tap(tc.Name))
+	return s.assemble(tc, tc.Name, r, creds, al), nil
+}
+
+// assemble makes a tenant's gate; sandbox is what its audit records
+// name.
+func (s *Service) assemble(tc Tenant, sandbox string, r *rules, creds *credentials, al *audit.Log) *tenant {
 	t := &tenant{cfg: tc, creds: creds, audit: al, dnsSem: make(chan struct{}, dnsLimit(r.network)), fixed: fixedOf(r.network)}
 	host := s.host
 	t.gate = gate.New(gate.Options{
-		Sandbox:        tc.Name,
+		Sandbox:        sandbox,
 		Policy:         r.policy,
 		Resolver:       s.res,
 		HostAddrs:      func() []netip.Addr { return host },
@@ -373,7 +402,7 @@ func (s *Service) newTenant(tc Tenant) (*tenant, error) {
 		Names:          s.cfg.Names,
 		Trace:          true,
 	})
-	return t, nil
+	return t
 }
 
 func rootsOr(a, b *x509.CertPool) *x509.CertPool {
@@ -436,12 +465,18 @@ func (s *Service) Serve(ctx context.Context) error {
 	if s.l.Control != nil {
 		run(func() { s.serveControl(ctx, s.l.Control) })
 	}
+	if s.kube != nil {
+		run(func() { s.kube.run(ctx) })
+	}
 	<-ctx.Done()
 	s.l.Close()
 	wg.Wait()
 	tt := s.tenants.Load()
 	for _, t := range tt.byName {
 		t.audit.Close()
+	}
+	if s.kube != nil {
+		s.kube.audit.Close()
 	}
 	s.unknown.Close()
 	s.res.Close()
@@ -495,6 +530,12 @@ func (s *Service) accept(ctx context.Context, l net.Listener, handle func(net.Co
 			defer c.Close()
 			stop := context.AfterFunc(ctx, func() { c.Close() })
 			defer stop()
+			if t.gone != nil {
+				// A pod deleted takes its connections with it, so an
+				// address given to a new pod carries nothing of the old.
+				stopGone := context.AfterFunc(t.gone, func() { c.Close() })
+				defer stopGone()
+			}
 			handle(c, t)
 		}()
 	}
@@ -634,6 +675,12 @@ func (s *Service) reload(pushed map[string]map[string][]byte) error {
 	if why := fixedChanged(s.cfg, cfg); why != "" {
 		return fmt.Errorf("%s: %s changed, which a reload cannot apply; nothing was reloaded: restart the service", cfg.Path, why)
 	}
+	if s.kube != nil {
+		// Policies and secrets come from the cluster and are applied as
+		// they change there; the file holds nothing else a reload could.
+		s.kube.kick()
+		return nil
+	}
 	cur := s.tenants.Load()
 	type next struct {
 		t            *tenant
@@ -699,6 +746,8 @@ func fixedChanged(a, b *Config) string {
 		return "[listen]"
 	case !slices.Equal(a.Upstream, b.Upstream):
 		return "[upstream]"
+	case (a.Kube == nil) != (b.Kube == nil) || a.Kube != nil && *a.Kube != *b.Kube:
+		return "[kubernetes]"
 	case len(a.Tenants) != len(b.Tenants):
 		return "the set of tenants"
 	}

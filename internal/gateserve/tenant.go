@@ -48,10 +48,18 @@ func readRules(t Tenant, system *x509.CertPool) (*rules, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 		}
+		files = append(files, f)
+	}
+	return compileRules(t, files, system)
+}
+
+// compileRules is readRules for files already parsed (a policy from a
+// Kubernetes ConfigMap is no file of the service's).
+func compileRules(t Tenant, files []*config.File, system *x509.CertPool) (*rules, error) {
+	for _, f := range files {
 		if err := onlyGateTables(f); err != nil {
 			return nil, fmt.Errorf("tenant %s: %w", t.Name, err)
 		}
-		files = append(files, f)
 	}
 	merged := config.Merge(files...)
 	if err := merged.Validate(); err != nil {
