@@ -1,11 +1,10 @@
 //go:build linux
 
-// Package cluster holds tests that run against the real single-node
-// cluster of scripts/cluster.sh (issue 21). They skip unless MOAT_CLUSTER=1
-// and then fail, not skip, when the cluster is not there:
+// The moat-cni half of the cluster tests (issue 21 item 3):
 //
 //	scripts/cluster.sh up
 //	MOAT_CLUSTER=1 go test -count=1 -v ./test/cluster -run TestCNI
+
 package cluster
 
 import (
@@ -36,7 +35,6 @@ import (
 
 // The cluster's layout, as scripts/cluster.sh makes it.
 const (
-	cniKubeconfig    = "/var/lib/moat-cluster/pki/admin.kubeconfig"
 	cniRunDir        = "/run/moat-cluster"
 	cniConfDir       = "/var/lib/moat-cluster/cni/net.d"
 	cniBaseConflist  = cniConfDir + "/10-moat.conflist"
@@ -74,9 +72,13 @@ func cniConnect(t *testing.T) *cniCluster {
 	if err != nil {
 		t.Fatalf("MOAT_CLUSTER=1 but the cluster's containerd is not running (%v); start it with scripts/cluster.sh up", err)
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", cniKubeconfig)
+	kubeconfig := os.Getenv("MOAT_CLUSTER_KUBECONFIG")
+	if kubeconfig == "" {
+		kubeconfig = "/var/lib/moat-cluster/pki/admin.kubeconfig"
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
-		t.Fatalf("MOAT_CLUSTER=1 but there is no cluster kubeconfig (%v); start it with scripts/cluster.sh up", err)
+		t.Fatalf("MOAT_CLUSTER=1 but the cluster's kubeconfig does not load (%v); start it with scripts/cluster.sh up", err)
 	}
 	cfg.Timeout = 15 * time.Second
 	cs, err := kubernetes.NewForConfig(cfg)
@@ -302,10 +304,10 @@ func (c *cniCluster) verdicts(t *testing.T, ns, name string) map[string]cniVerdi
 	return out
 }
 
-// spareAddrs are n addresses of the pod subnet that host-local has not
+// cniSpareAddrs are n addresses of the pod subnet that host-local has not
 // handed out, from the top of the range (it hands out from the bottom),
 // for probes that send from an address that is not theirs.
-func spareAddrs(t *testing.T, n int) []string {
+func cniSpareAddrs(t *testing.T, n int) []string {
 	t.Helper()
 	var out []string
 	for i := 254; i > 200 && len(out) < n; i-- {
@@ -320,9 +322,9 @@ func spareAddrs(t *testing.T, n int) []string {
 	return out
 }
 
-// nodeListeners listens on the node's address (TCP and UDP, one port) and
+// cniNodeListeners listens on the node's address (TCP and UDP, one port) and
 // on the pod bridge's IPv6 link-local address, for the pods to try.
-func nodeListeners(t *testing.T) (tcp4, udp4, tcp6 string) {
+func cniNodeListeners(t *testing.T) (tcp4, udp4, tcp6 string) {
 	t.Helper()
 	l, err := net.Listen("tcp4", cniNodeIP+":0")
 	if err != nil {
@@ -377,9 +379,9 @@ func cniServe(l net.Listener) {
 	}
 }
 
-// waitReachable waits until the node reaches addr (a Service's clusterIP:
+// cniWaitReachable waits until the node reaches addr (a Service's clusterIP:
 // kube-proxy has programmed it).
-func waitReachable(t *testing.T, addr string) {
+func cniWaitReachable(t *testing.T, addr string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -446,10 +448,10 @@ func TestCNIFence(t *testing.T) {
 		port("http", corev1.ProtocolTCP, 80, 8080), port("https", corev1.ProtocolTCP, 443, 8443),
 		port("other", corev1.ProtocolTCP, 8080, 8080))
 	dnsIP := svc("dns", port("dns-udp", corev1.ProtocolUDP, 53, 8053), port("dns-tcp", corev1.ProtocolTCP, 53, 8053))
-	waitReachable(t, net.JoinHostPort(gateIP, "443"))
-	waitReachable(t, net.JoinHostPort(dnsIP, "53"))
+	cniWaitReachable(t, net.JoinHostPort(gateIP, "443"))
+	cniWaitReachable(t, net.JoinHostPort(dnsIP, "53"))
 
-	nodeTCP, nodeUDP, node6 := nodeListeners(t)
+	nodeTCP, nodeUDP, node6 := cniNodeListeners(t)
 	c.writeConflist(t, gateIP, gatedNS)
 	t.Cleanup(func() { os.Remove(cniTestConflist) }) // runs after the namespaces are gone
 
@@ -488,7 +490,7 @@ func TestCNIFence(t *testing.T) {
 	}
 	args = append([]string{"probe"}, args...)
 
-	spare := spareAddrs(t, 3)
+	spare := cniSpareAddrs(t, 3)
 	probes := []struct {
 		ns, name    string
 		annotations map[string]string
