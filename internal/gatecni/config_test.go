@@ -114,3 +114,31 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+// FuzzParseConfig: the configuration and the annotations the runtime
+// passes in it never panic the plugin, and whatever it accepts gates
+// something through at least one gate address and port, all IPv4.
+func FuzzParseConfig(f *testing.F) {
+	f.Add([]byte(goodConf), "agents")
+	f.Add([]byte(`{"gate": {"addresses": ["10.96.0.53"], "ports": ["443/tcp"]}, "capabilities": {"io.kubernetes.cri.pod-annotations": true},
+	  "runtimeConfig": {"io.kubernetes.cri.pod-annotations": {"moat.dev/egress": "gate"}}}`), "default")
+	f.Add([]byte(`{"gate": {"addresses": ["10.96.0.53", "10.96.0.54"], "ports": ["53/udp", "65535/tcp"]}, "namespaces": ["a-b", "c"]}`), "")
+	f.Fuzz(func(t *testing.T, conf []byte, ns string) {
+		c, err := ParseConfig(conf)
+		if err != nil {
+			return
+		}
+		if len(c.Gates) == 0 || len(c.Ports) == 0 || len(c.Namespaces) == 0 && !c.Annotations {
+			t.Fatalf("accepted a configuration that gates nothing: %s", conf)
+		}
+		for _, g := range c.Gates {
+			if !g.Is4() {
+				t.Fatalf("accepted a gate that is not IPv4: %v", g)
+			}
+		}
+		d, err := c.Decide(Pod{Namespace: ns})
+		if err == nil && slices.Contains(c.Namespaces, ns) && !d.Gated {
+			t.Fatalf("a pod of gated namespace %q is not gated", ns)
+		}
+	})
+}
