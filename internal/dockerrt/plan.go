@@ -134,8 +134,10 @@ func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip
 	return b.Bytes()
 }
 
-// gateTables are the tables of moat.toml the gate service reads.
-var gateTables = []string{"network", "policies", "audit", "secrets"}
+// gateTables are the tables of moat.toml the gate service reads. [mcp]
+// too: the gate decides a declared server's calls by tool, and allows
+// its URL.
+var gateTables = []string{"network", "policies", "audit", "secrets", "mcp"}
 
 // Policy is the tenant's policy file and what the gate container needs
 // for it.

@@ -39,6 +39,7 @@ package gateserve
 import (
 	"context"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -215,6 +216,8 @@ type tenant struct {
 	dnsSem chan struct{} // DNS queries being answered at once
 	// fixed is what the gate was built with that a reload cannot change.
 	fixed fixedNetwork
+	// mcp is the [mcp] servers the gate was built with (mcpKey).
+	mcp string
 	// gone ends when the tenant is removed (a Kubernetes pod deleted):
 	// its open connections are cut. nil: never.
 	gone context.Context
@@ -401,7 +404,11 @@ func (s *Service) assemble(tc Tenant, sandbox string, r *rules, creds *credentia
 		MaxConnections: r.network.MaxConnections,
 		Names:          s.cfg.Names,
 		Trace:          true,
+		// [mcp.NAME] in the tenant's files: calls decided by tool and
+		// resource, as in a sandbox.
+		MCP: gate.MCPServers(r.network.MCP),
 	})
+	t.mcp = mcpKey(r.network.MCP)
 	return t
 }
 
@@ -695,6 +702,11 @@ func (s *Service) reload(pushed map[string]map[string][]byte) error {
 		if err != nil {
 			return err
 		}
+		// Fail closed: the new files would allow a server's URL while
+		// the gate decided its calls by the old declarations.
+		if mcpKey(r.network.MCP) != t.mcp {
+			return fmt.Errorf("tenant %s: its [mcp] servers changed, which a reload cannot apply (the gate decides their calls by the declarations it started with); nothing was reloaded: restart the service", tc.Name)
+		}
 		set, pending, err := resolveTenant(tc, r, t.creds.placeholders(), pushed[tc.Name])
 		if err != nil {
 			return fmt.Errorf("tenant %s: reading its secrets: %w", tc.Name, err)
@@ -787,4 +799,11 @@ func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// mcpKey identifies a set of [mcp] declarations: equal keys, equal
+// declarations (encoding/json writes a map's keys sorted).
+func mcpKey(m map[string]config.MCPServer) string {
+	b, _ := json.Marshal(m)
+	return string(b)
 }

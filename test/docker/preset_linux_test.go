@@ -11,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/big"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -59,9 +61,10 @@ echo "--- telemetry"; curl -sS -m 10 -o /dev/null -w 'code=%{http_code}' -X POST
 // that names it for api.anthropic.com, and its HTTPS server, which
 // records the key and path of every request.
 type standin struct {
-	mu    sync.Mutex
-	keys  []string
-	paths []string
+	mu     sync.Mutex
+	keys   []string
+	paths  []string
+	bodies []string
 }
 
 func (s *standin) seen() ([]string, []string) {
@@ -100,8 +103,9 @@ func leafFor(t *testing.T, names ...string) ([]byte, tls.Certificate) {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), tls.Certificate{Certificate: [][]byte{lDER}, PrivateKey: lkey}
 }
 
-// startStandin serves DNS on hostEnd:dnsPort and HTTPS on hostEnd:443.
-func startStandin(t *testing.T, dnsPort int, leaf tls.Certificate) *standin {
+// startStandin serves DNS on hostEnd:dnsPort, naming hostEnd for names,
+// and HTTPS on hostEnd:443.
+func startStandin(t *testing.T, dnsPort int, leaf tls.Certificate, names ...string) *standin {
 	s := &standin{}
 	lc := net.ListenConfig{Control: freebind}
 	ctx := context.Background()
@@ -113,7 +117,7 @@ func startStandin(t *testing.T, dnsPort int, leaf tls.Certificate) *standin {
 		m := new(dns.Msg)
 		m.SetReply(q)
 		for _, qq := range q.Question {
-			if qq.Name == "api.anthropic.com." && qq.Qtype == dns.TypeA {
+			if slices.Contains(names, strings.TrimSuffix(qq.Name, ".")) && qq.Qtype == dns.TypeA {
 				rr, _ := dns.NewRR(qq.Name + " 60 IN A " + hostEnd)
 				m.Answer = append(m.Answer, rr)
 			}
@@ -130,9 +134,11 @@ func startStandin(t *testing.T, dnsPort int, leaf tls.Certificate) *standin {
 		t.Fatalf("listening for HTTPS on %s: %v", hostEnd, err)
 	}
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 		s.mu.Lock()
 		s.keys = append(s.keys, r.Header.Get("X-Api-Key"))
 		s.paths = append(s.paths, r.URL.Path)
+		s.bodies = append(s.bodies, string(body))
 		s.mu.Unlock()
 		fmt.Fprintln(w, "standin-answer")
 	}), ReadHeaderTimeout: 5 * time.Second}
@@ -159,7 +165,7 @@ func TestDockerPreset(t *testing.T) {
 	// names are not the preset's.
 	const dnsPort = 5353
 	s.env = append(s.env, fmt.Sprintf("MOAT_UPSTREAM_DNS=%s:%d", hostEnd, dnsPort))
-	api := startStandin(t, dnsPort, leaf)
+	api := startStandin(t, dnsPort, leaf, "api.anthropic.com")
 	canary := fmt.Sprintf("sk-ant-docker-canary-%d", time.Now().UnixNano())
 
 	// Started without the preset: its first use reaches the running
