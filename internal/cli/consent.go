@@ -12,6 +12,7 @@ import (
 	"golang.org/x/term"
 
 	"moat.dev/moat/internal/config"
+	"moat.dev/moat/internal/netstack"
 )
 
 // projectAsks lists what a project file (a moat.toml that came with a
@@ -30,7 +31,9 @@ import (
 //     user's block);
 //   - shares mount host paths; files copy host files in from outside the
 //     workspace; [env] entries that read host variables copy their values
-//     in (AWS_SECRET_ACCESS_KEY = "${AWS_SECRET_ACCESS_KEY}").
+//     in (AWS_SECRET_ACCESS_KEY = "${AWS_SECRET_ACCESS_KEY}");
+//   - forwards.reverse opens a port of the host's loopback to the guest
+//     (forwards.ports are not asked: the host listens, for the user).
 //
 // Hooks are not listed: they run inside the sandbox, with nothing the
 // sandbox could not do by itself.
@@ -83,6 +86,15 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 				where = "the MCP server on this host's " + s.URL
 			}
 			out = append(out, fmt.Sprintf("%s: mcp.%s lets the agent use %s, %s", s.Source, s.Name, where, what))
+		}
+	}
+	for _, f := range cfg.Forwards.Reverse {
+		// The one way from the guest to the host's own services (a
+		// database, an editor's server, a Docker API on a port): the
+		// user's to open.
+		if theirs(f.Source) {
+			out = append(out, fmt.Sprintf("%s: forwards.reverse lets the sandbox reach port %d on this host's loopback (at %s:%d inside)",
+				f.Source, f.Host, netstack.Gateway, f.Guest))
 		}
 	}
 	for _, src := range cfg.SSHAgent.Sources {

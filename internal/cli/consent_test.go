@@ -71,3 +71,23 @@ func TestProjectAsksWidening(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
+
+// A project's reverse forward opens a port of the host's loopback to the
+// guest: asked, through the chain a user types (parsed, merged). Its
+// forwards.ports and the user's own reverse forwards are not.
+func TestProjectAsksForReverseForwards(t *testing.T) {
+	const user, proj = "/root/.config/moat/config.toml", "/src/repo/moat.toml"
+	u, err := config.Parse(user, []byte("[forwards]\nreverse = [6379]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := config.Parse(proj, []byte("[forwards]\nports = [3000]\nreverse = [\"15432:5432\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := projectAsks(config.Merge(u, p), user)
+	want := []string{proj + ": forwards.reverse lets the sandbox reach port 15432 on this host's loopback (at 10.88.0.1:5432 inside)"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("got:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

@@ -596,6 +596,7 @@ func (c *checker) forwards(key string, raw []any, listen func(Forward) uint16) [
 			c.failErr(k, err)
 			continue
 		}
+		f.Source = c.path
 		if j := indexForward(out, listen(f), listen); j >= 0 {
 			if out[j] != f {
 				c.fail(k, "port %d is already forwarded (%d:%d); remove one", listen(f), out[j].Host, out[j].Guest)
@@ -624,7 +625,7 @@ func parseForward(v any) (Forward, error) {
 		if v < 1 || v > 65535 {
 			return Forward{}, &Error{Msg: fmt.Sprintf("%d is not a port; %s", v, forwardHint)}
 		}
-		return Forward{uint16(v), uint16(v)}, nil
+		return Forward{Host: uint16(v), Guest: uint16(v)}, nil
 	case string:
 		h, g, pair := strings.Cut(v, ":")
 		if !pair {
@@ -635,7 +636,7 @@ func parseForward(v any) (Forward, error) {
 		if err1 != nil || err2 != nil {
 			return Forward{}, &Error{Msg: fmt.Sprintf("%q is not a port forward; %s", v, forwardHint)}
 		}
-		return Forward{hp, gp}, nil
+		return Forward{Host: hp, Guest: gp}, nil
 	default:
 		return Forward{}, &Error{Msg: fmt.Sprintf("expected %s, got %s", wantPort.desc, goKindName(v))}
 	}

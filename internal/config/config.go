@@ -258,6 +258,8 @@ type EnvVar struct {
 type Forward struct {
 	Host  uint16 `json:"host"`
 	Guest uint16 `json:"guest"`
+	// Source is the file that declared it, for consent.
+	Source string `json:"source,omitempty"`
 }
 
 // Forwards are host→guest (Ports: the host listens) and guest→host

@@ -231,8 +231,8 @@ on_up = ["./start.sh"]
 		Env:     map[string]string{"EDITOR": "vi", "LANG": "en_US.UTF-8", "DEBUG": "1"},
 		EnvVars: []EnvVar{{Name: "EDITOR", Value: "vi", Source: userPath}, {Name: "LANG", Value: "en_US.UTF-8", Source: projectPath}, {Name: "DEBUG", Value: "1", Source: projectPath}},
 		Forwards: Forwards{
-			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},
-			Reverse: []Forward{{5433, 5432}},
+			Ports:   []Forward{{3000, 3000, userPath}, {8080, 80, projectPath}, {9000, 9000, projectPath}},
+			Reverse: []Forward{{5433, 5432, projectPath}},
 		},
 		Hooks: Hooks{
 			OnCreate: []string{"echo user", "go mod download", "make"},
@@ -391,7 +391,7 @@ A = "1"
 		t.Fatal(err)
 	}
 	for _, k := range []string{`"sandbox":{"name":"api","image":"host","runtime":"gvisor","cpus":4,"memory_bytes":1073741824,"memory_max_bytes":4294967296,"pids_max":4096,"idle_timeout":0,"idle_off":true}`,
-		`"forwards":{"ports":[{"host":8080,"guest":80}]}`, `"env_vars":[{"name":"A","value":"1","source":"/work/proj/moat.toml"}]`, `"sources":["/work/proj/moat.toml"]`,
+		`"forwards":{"ports":[{"host":8080,"guest":80,"source":"/work/proj/moat.toml"}]}`, `"env_vars":[{"name":"A","value":"1","source":"/work/proj/moat.toml"}]`, `"sources":["/work/proj/moat.toml"]`,
 		`"inspect":true,"trust":["/etc/moat/corp.pem"],"layers":[{"source":"/work/proj/moat.toml","inspect":true}]`,
 		`"secrets":{"K":{"name":"K","from":"env:K","hosts":["k.example"],"query":"key","source":"/work/proj/moat.toml"}}`} {
 		if !strings.Contains(string(b), k) {

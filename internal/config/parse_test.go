@@ -112,8 +112,8 @@ on_up = ["./scripts/start-db.sh"]
 			{Name: "EDITOR", Pass: true, Source: "/work/proj/moat.toml"},
 		},
 		Forwards: Forwards{
-			Ports:   []Forward{{3000, 3000}, {8080, 80}, {9000, 9000}},
-			Reverse: []Forward{{5432, 5432}, {6380, 6379}},
+			Ports:   []Forward{{3000, 3000, "/work/proj/moat.toml"}, {8080, 80, "/work/proj/moat.toml"}, {9000, 9000, "/work/proj/moat.toml"}},
+			Reverse: []Forward{{5432, 5432, "/work/proj/moat.toml"}, {6380, 6379, "/work/proj/moat.toml"}},
 		},
 		Hooks: Hooks{OnCreate: []string{"go mod download"}, OnUp: []string{"./scripts/start-db.sh"}},
 	}
