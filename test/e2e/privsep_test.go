@@ -87,10 +87,12 @@ func TestPrivilegeSeparation(t *testing.T) {
 
 	t.Run("privileged_hold_no_guest_fd", func(t *testing.T) {
 		unixSocks := unixInodes(t)
+		checked := 0
 		for _, p := range procs {
 			if p == gate || !isMoat(p) {
 				continue // runsc's own processes, and the jailed one
 			}
+			checked++
 			fds, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(p), "fd", "*"))
 			for _, fd := range fds {
 				target, err := os.Readlink(fd)
@@ -104,6 +106,11 @@ func TestPrivilegeSeparation(t *testing.T) {
 					t.Errorf("%v (pid %d) holds a network socket: %s -> %s", cmdline(p), p, fd, target)
 				}
 			}
+		}
+		// The keeper and the shim at least: a test that looked at no
+		// process would prove nothing.
+		if checked < 2 {
+			t.Fatalf("looked at %d of moat's privileged processes among %v; want the keeper and the shim", checked, procs)
 		}
 	})
 
@@ -142,11 +149,17 @@ func cmdline(pid int) []string {
 	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
 }
 
-// isMoat reports whether pid runs the moat binary under test.
+// isMoat reports whether pid runs one of the moat binaries under test.
 func isMoat(pid int) bool {
 	exe, _ := os.Readlink(filepath.Join("/proc", strconv.Itoa(pid), "exe"))
-	want, _ := filepath.EvalSymlinks(moatBin)
-	return exe == want
+	return isMoatExe(exe)
+}
+
+// isMoatExe reports whether exe is moat or the moat-sandbox beside it,
+// which a sandbox's keeper, gate process and shim run.
+func isMoatExe(exe string) bool {
+	bin, _ := filepath.EvalSymlinks(moatBin)
+	return exe != "" && (exe == bin || exe == filepath.Join(filepath.Dir(bin), "moat-sandbox"))
 }
 
 func procStatus(t *testing.T, path string) map[string]string {

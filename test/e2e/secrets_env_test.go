@@ -100,7 +100,6 @@ func moatProcesses(t *testing.T) []procInfo {
 	if err != nil {
 		t.Fatal(err)
 	}
-	moatExe, _ := filepath.EvalSymlinks(moatBin)
 	var out []procInfo
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
@@ -112,7 +111,7 @@ func moatProcesses(t *testing.T) []procInfo {
 		cmdline, _ := os.ReadFile(filepath.Join(base, "cmdline"))
 		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
 		isRunsc := strings.Contains(filepath.Base(exe), "runsc") || bytes.Contains(argv0, []byte("runsc"))
-		if exe != moatExe && !isRunsc {
+		if !isMoatExe(exe) && !isRunsc {
 			continue
 		}
 		environ, err := os.ReadFile(filepath.Join(base, "environ"))
