@@ -9,6 +9,9 @@
 #   floor:  gVisor's own restore: bare `runsc restore` of a bare sandbox running the same server
 #           (no moat, no network), checkpointed the same way, until runsc returns with it running;
 #           its ratio to moat's cold start is the lowest resume ratio moat could reach here
+#   parts:  of each start, the daemon's own start_ms (from its record to running; daemon.log) and,
+#           for a resume, the shim's `runsc restore` (runsc.log): what is left of the resume is the
+#           CLI, the daemon's process start and the forward's first answer
 #   fork:   `moat fork` of the running sandbox (its suspend, the copy, its resume)  vs  the same cold
 #           start; and `moat snapshot save` of the running sandbox, `moat snapshot restore` of it until
 #           the server answers again
@@ -76,18 +79,25 @@ answers() {
 # guest_used_kib: the guest's memory in use, as its kernel (gVisor's) counts it.
 guest_used_kib() { "$MOAT" exec suspendbench -- awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t-a}' /proc/meminfo; }
 image_kib() { du -sk "$MOAT_HOME/state/sandboxes/suspendbench/suspend" | awk '{print $1}'; }
+# The last start's parts, from its logs: the daemon's start_ms (from its
+# record to running, runsc's part included) and, for a restore, the shim's
+# `runsc restore` (runsc.log is rewritten at each start).
+sdir=$MOAT_HOME/state/sandboxes/suspendbench
+daemon_ms() { grep 'keeper: sandbox running' "$sdir/daemon.log" | tail -1 | sed -n 's/.*start_ms=\([0-9]*\).*/\1/p'; }
+restore_ms() { grep -o 'guest restored in [0-9]*' "$sdir/runsc.log" | tail -1 | awk '{print $4}'; }
 
 (cd "$proj" && "$MOAT" up --trust-project >/dev/null 2>&1)
 answers
-cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=()
+cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() dresume=() rrestore=()
 for i in $(seq "$N"); do
 	# Cold: from stopped (down drops any image) to the server's answer.
 	"$MOAT" down suspendbench >/dev/null 2>&1
-	t=$(date +%s%N); "$MOAT" up suspendbench >/dev/null 2>&1; answers; cold+=("$(ms "$t")")
+	t=$(date +%s%N); "$MOAT" up suspendbench >/dev/null 2>&1; answers; cold+=("$(ms "$t")"); dcold+=("$(daemon_ms)")
 	used+=("$(guest_used_kib)")
 	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
 	img+=("$(image_kib)")
 	t=$(date +%s%N); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
+	dresume+=("$(daemon_ms)") rrestore+=("$(restore_ms)")
 	t=$(date +%s%N); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
 	"$MOAT" destroy --yes forkbench >/dev/null 2>&1
 	t=$(date +%s%N); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
@@ -134,6 +144,8 @@ printf 'runs: %d each, interleaved, medians\n' "$N"
 printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(awk -v a="$r" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
 fl=$(m "${floor[@]}")
 printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(awk -v a="$fl" -v b="$c" 'BEGIN{printf "%.2f", a/b}')" "$((r - fl))"
+dc=$(m "${dcold[@]}") dr=$(m "${dresume[@]}") rr=$(m "${rrestore[@]}")
+printf "parts: the daemon's start to running: resume %s ms (runsc restore in the shim %s ms), cold %s ms; before and after it (the CLI, the daemon's process, the forward's first answer): resume %s ms, cold %s ms\n" "$dr" "$rr" "$dc" "$((r - dr))" "$((c - dc))"
 per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
 su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
 printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" $((si / 1024)) $((su / 1024)) "$(per "$si" "$su")"
@@ -141,4 +153,5 @@ printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s 
 f=$(m "${fork[@]}")
 printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(awk -v a="$f" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
 printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
+printf 'raw: daemon start cold %s | daemon start resume %s | runsc restore %s\n' "${dcold[*]}" "${dresume[*]}" "${rrestore[*]}"
 printf 'raw: floor %s | cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${floor[*]}" "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"

@@ -80,9 +80,10 @@ func RemoveSaved(stateDir string) error {
 }
 
 // restoreArgs are runsc's arguments that bring the guest back from
-// p.Restore, detached like `runsc run --detach`. Without --background:
-// the image is deleted once the guest runs (restored), so every page
-// must have been read by then.
+// p.Restore, detached like `runsc run --detach`. With --background runsc
+// returns once the guest runs, while the sentry may still read pages from
+// the image's files, which it holds open: deleting the image then
+// (restored) does not cut that short.
 func restoreArgs(p *Plan, pidFile, bundle string) []string {
 	return []string{"restore", "--detach", "--background", "--image-path=" + p.Restore, "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
 }
