@@ -1,5 +1,5 @@
 // Package kubernetes holds no code: its directory is moat's Kubernetes
-// manifests (the gate service as a Deployment and Service, and an example
+// manifests (the gate service as a DaemonSet and Service with its RBAC, and an example
 // agent-sandbox SandboxTemplate whose pods reach nothing but the gate), and
 // its test decodes them with the Kubernetes API's and agent-sandbox's own
 // Go types and checks the fields the gate's security rests on. A manifest

@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -58,7 +59,7 @@ type manifest struct {
 func newScheme(t testing.TB) *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme,
-		networkingv1.AddToScheme, extv1beta1.AddToScheme} {
+		networkingv1.AddToScheme, rbacv1.AddToScheme, extv1beta1.AddToScheme} {
 		if err := add(s); err != nil {
 			t.Fatal(err)
 		}
@@ -154,12 +155,15 @@ func TestStrictDecoding(t *testing.T) {
 
 // cluster is the manifests sorted by what the checks need.
 type cluster struct {
-	namespaces  map[string]*corev1.Namespace
-	configMaps  []*corev1.ConfigMap
-	deployments []*appsv1.Deployment
-	services    []*corev1.Service
-	policies    []*networkingv1.NetworkPolicy
-	templates   []*extv1beta1.SandboxTemplate
+	namespaces map[string]*corev1.Namespace
+	configMaps []*corev1.ConfigMap
+	daemonSets []*appsv1.DaemonSet
+	services   []*corev1.Service
+	policies   []*networkingv1.NetworkPolicy
+	templates  []*extv1beta1.SandboxTemplate
+	accounts   []*corev1.ServiceAccount
+	roles      []*rbacv1.ClusterRole
+	bindings   []*rbacv1.ClusterRoleBinding
 }
 
 func sortManifests(t *testing.T, all []manifest) *cluster {
@@ -170,14 +174,20 @@ func sortManifests(t *testing.T, all []manifest) *cluster {
 			c.namespaces[o.Name] = o
 		case *corev1.ConfigMap:
 			c.configMaps = append(c.configMaps, o)
-		case *appsv1.Deployment:
-			c.deployments = append(c.deployments, o)
+		case *appsv1.DaemonSet:
+			c.daemonSets = append(c.daemonSets, o)
 		case *corev1.Service:
 			c.services = append(c.services, o)
 		case *networkingv1.NetworkPolicy:
 			c.policies = append(c.policies, o)
 		case *extv1beta1.SandboxTemplate:
 			c.templates = append(c.templates, o)
+		case *corev1.ServiceAccount:
+			c.accounts = append(c.accounts, o)
+		case *rbacv1.ClusterRole:
+			c.roles = append(c.roles, o)
+		case *rbacv1.ClusterRoleBinding:
+			c.bindings = append(c.bindings, o)
 		default:
 			// Decoded, but nothing below checks it: add the checks that
 			// matter for it before adding it.
@@ -202,17 +212,17 @@ func (c *cluster) namespaceLabels(name string) labels.Set {
 func TestManifests(t *testing.T) {
 	all, files := loadManifests(t)
 	c := sortManifests(t, all)
-	for _, o := range append(append(append([]metav1.Object{}, objs(c.configMaps)...), objs(c.deployments)...),
-		append(append(objs(c.services), objs(c.policies)...), objs(c.templates)...)...) {
+	for _, o := range append(append(append([]metav1.Object{}, objs(c.configMaps)...), objs(c.daemonSets)...),
+		append(append(append(objs(c.services), objs(c.policies)...), objs(c.templates)...), objs(c.accounts)...)...) {
 		if c.namespaces[o.GetNamespace()] == nil {
 			t.Errorf("%s is in namespace %q, which no manifest creates", o.GetName(), o.GetNamespace())
 		}
 	}
-	if len(c.deployments) != 1 || len(c.services) != 1 || len(c.templates) != 1 {
-		t.Fatalf("%d Deployments, %d Services, %d SandboxTemplates; the checks below expect one of each",
-			len(c.deployments), len(c.services), len(c.templates))
+	if len(c.daemonSets) != 1 || len(c.services) != 1 || len(c.templates) != 1 {
+		t.Fatalf("%d DaemonSets, %d Services, %d SandboxTemplates; the checks below expect one of each",
+			len(c.daemonSets), len(c.services), len(c.templates))
 	}
-	gate, svc, tmpl := c.deployments[0], c.services[0], c.templates[0]
+	gate, svc, tmpl := c.daemonSets[0], c.services[0], c.templates[0]
 	ctr := checkGatePod(t, gate)
 	if ctr == nil {
 		return
@@ -225,6 +235,7 @@ func TestManifests(t *testing.T) {
 		}
 	}
 	checkTemplate(t, c, tmpl, gate, svc, files)
+	checkRBAC(t, c, gate)
 	checkGatePolicy(t, c, gate, tmpl)
 	checkSecretsOnlyInGate(t, gate, tmpl)
 }
@@ -239,21 +250,23 @@ func objs[T metav1.Object](list []T) []metav1.Object {
 
 // checkGatePod checks the gate container's privileges and probes and
 // returns it.
-func checkGatePod(t *testing.T, d *appsv1.Deployment) *corev1.Container {
+func checkGatePod(t *testing.T, d *appsv1.DaemonSet) *corev1.Container {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	if len(spec.Containers) != 1 || len(spec.InitContainers) != 0 {
-		t.Fatalf("Deployment %s: %d containers and %d init containers, want the gate alone", d.Name, len(spec.Containers), len(spec.InitContainers))
+		t.Fatalf("DaemonSet %s: %d containers and %d init containers, want the gate alone", d.Name, len(spec.Containers), len(spec.InitContainers))
 	}
 	ctr := &spec.Containers[0]
 	if ctr.Image != "moat-gate:dev" || ctr.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("gate image %q pulled %q, want moat-gate:dev, Never (built and loaded locally)", ctr.Image, ctr.ImagePullPolicy)
 	}
 	if sel, err := metav1.LabelSelectorAsSelector(d.Spec.Selector); err != nil || sel.Empty() || !sel.Matches(labels.Set(d.Spec.Template.Labels)) {
-		t.Errorf("Deployment %s: selector %v does not select its own pods (%v)", d.Name, d.Spec.Selector, err)
+		t.Errorf("DaemonSet %s: selector %v does not select its own pods (%v)", d.Name, d.Spec.Selector, err)
 	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Error("gate pod: automountServiceAccountToken is not false; the gate needs no API token")
+	// The informers need the API; the ServiceAccount's rights are
+	// checked by checkRBAC.
+	if spec.ServiceAccountName != "moat-gate" || (spec.AutomountServiceAccountToken != nil && !*spec.AutomountServiceAccountToken) {
+		t.Errorf("gate pod: ServiceAccount %q, token mounted %v; want moat-gate's token, for the informers", spec.ServiceAccountName, spec.AutomountServiceAccountToken)
 	}
 	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
 		t.Error("gate pod shares a host namespace")
@@ -340,7 +353,7 @@ func mountOf(spec corev1.PodSpec, c *corev1.Container, dir string) (corev1.Volum
 // checkGateConfig loads the gate's configuration from its ConfigMap with
 // the gate's own loader, and each tenant's policy files with moat.toml's
 // parser, and checks them against the pod they are mounted into.
-func checkGateConfig(t *testing.T, c *cluster, d *appsv1.Deployment, ctr *corev1.Container) *gateserve.Config {
+func checkGateConfig(t *testing.T, c *cluster, d *appsv1.DaemonSet, ctr *corev1.Container) *gateserve.Config {
 	t.Helper()
 	spec := d.Spec.Template.Spec
 	i := slices.Index(ctr.Args, "--config")
@@ -370,6 +383,7 @@ func checkGateConfig(t *testing.T, c *cluster, d *appsv1.Deployment, ctr *corev1
 		t.Error(err)
 		return nil
 	}
+	t.Setenv("NODE_NAME", testNode) // the downward API's, in the pod
 	cfg, err := gateserve.ParseConfig(cfgPath, data)
 	if err != nil {
 		t.Errorf("the gate would refuse its configuration: %v", err)
@@ -401,54 +415,33 @@ func checkGateConfig(t *testing.T, c *cluster, d *appsv1.Deployment, ctr *corev1
 		t.Errorf("gate.toml: %s/ca is not a Secret (the CA must outlive the pod, or sandboxes stop trusting it)", cfg.StateDir)
 	}
 
-	// Tenants: the pod CIDR is covered, and each policy loads.
-	covered := false
-	for _, tn := range cfg.Tenants {
-		for _, src := range tn.Sources {
-			if src.Bits() <= podCIDR.Bits() && src.Contains(podCIDR.Addr()) {
-				covered = true
-			}
-		}
-		var layers []*config.File
-		for _, p := range tn.Policy {
-			data, err := file(p)
-			if err != nil {
-				t.Errorf("tenant %s: %v", tn.Name, err)
-				continue
-			}
-			f, err := config.Parse(p, data)
-			if err != nil {
-				t.Errorf("tenant %s: %v", tn.Name, err)
-				continue
-			}
-			layers = append(layers, f)
-		}
-		merged := config.Merge(layers...)
-		if err := merged.Validate(); err != nil {
-			t.Errorf("tenant %s: %v", tn.Name, err)
-		}
-		if len(merged.Network.Allow) == 0 {
-			t.Errorf("tenant %s allows no host; the example should show one", tn.Name)
-		}
-		for name, s := range merged.Secrets {
-			p, ok := strings.CutPrefix(s.From, "file:")
-			if !ok {
-				t.Errorf("tenant %s: secret %s is read from %q; in a pod the value comes from a file of a Secret", tn.Name, name, s.From)
-				continue
-			}
-			if v, ok := mountOf(spec, ctr, path.Dir(p)); !ok || v.Secret == nil {
-				t.Errorf("tenant %s: secret %s: %s is not in a Secret mounted into the gate", tn.Name, name, p)
-			}
+	// Tenants are the sandbox pods of the gate's node.
+	if cfg.Kube == nil {
+		t.Error("gate.toml: no [kubernetes]: the gate would serve no sandbox pod")
+		return cfg
+	}
+	if len(cfg.Tenants) != 0 {
+		t.Errorf("gate.toml: [tenants] beside [kubernetes]")
+	}
+	var nodeFromAPI bool
+	for _, e := range ctr.Env {
+		if e.Name == "NODE_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "spec.nodeName" {
+			nodeFromAPI = true
 		}
 	}
-	if !covered {
-		t.Errorf("gate.toml: no tenant's sources cover the pod CIDR %v: every sandbox would be an unknown source", podCIDR)
+	if cfg.Kube.Node != testNode || !nodeFromAPI {
+		t.Errorf("gate.toml: kubernetes.node is %q with NODE_NAME from the downward API %v; want env:NODE_NAME, the pod's node", cfg.Kube.Node, nodeFromAPI)
+	}
+	for _, a := range []string{cfg.Audit, cfg.Kube.Audit} {
+		if v, ok := mountOf(spec, ctr, path.Dir(a)); !ok || v.HostPath == nil {
+			t.Errorf("gate.toml: audit log %s is not on a hostPath: it would go with the pod", a)
+		}
 	}
 	return cfg
 }
 
 // checkService checks the Service the sandboxes name as their nameserver.
-func checkService(t *testing.T, svc *corev1.Service, d *appsv1.Deployment, ctr *corev1.Container) {
+func checkService(t *testing.T, svc *corev1.Service, d *appsv1.DaemonSet, ctr *corev1.Container) {
 	t.Helper()
 	ip, err := netip.ParseAddr(svc.Spec.ClusterIP)
 	if err != nil || !serviceCIDR.Contains(ip) {
@@ -474,7 +467,7 @@ func checkService(t *testing.T, svc *corev1.Service, d *appsv1.Deployment, ctr *
 
 // checkTemplate checks the sandboxes' DNS and egress: the gate and nothing
 // else.
-func checkTemplate(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTemplate, gate *appsv1.Deployment, svc *corev1.Service, files map[string][]byte) {
+func checkTemplate(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTemplate, gate *appsv1.DaemonSet, svc *corev1.Service, files map[string][]byte) {
 	t.Helper()
 	spec := tmpl.Spec.PodTemplate.Spec
 	if spec.RuntimeClassName == nil || *spec.RuntimeClassName != "gvisor" {
@@ -498,6 +491,7 @@ func checkTemplate(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTemplate, g
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Errorf("SandboxTemplate %s: automountServiceAccountToken is not false", tmpl.Name)
 	}
+	checkTemplatePolicy(t, c, tmpl)
 
 	np := tmpl.Spec.NetworkPolicy
 	if m := tmpl.Spec.NetworkPolicyManagement; m != "" && m != extv1beta1.NetworkPolicyManagementManaged {
@@ -570,7 +564,7 @@ func checkTemplate(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTemplate, g
 // checkGatePolicy checks that the gate's own NetworkPolicy lets the
 // template's pods reach it on every port they are allowed to use: two
 // policies that do not agree drop the traffic silently.
-func checkGatePolicy(t *testing.T, c *cluster, gate *appsv1.Deployment, tmpl *extv1beta1.SandboxTemplate) {
+func checkGatePolicy(t *testing.T, c *cluster, gate *appsv1.DaemonSet, tmpl *extv1beta1.SandboxTemplate) {
 	t.Helper()
 	var np *networkingv1.NetworkPolicy
 	for _, p := range c.policies {
@@ -654,7 +648,7 @@ func secretRefs(spec corev1.PodSpec) map[string][]string {
 
 // checkSecretsOnlyInGate checks that the gate's Secrets (real values, the
 // CA's key) reach the gate container and no sandbox.
-func checkSecretsOnlyInGate(t *testing.T, gate *appsv1.Deployment, tmpl *extv1beta1.SandboxTemplate) {
+func checkSecretsOnlyInGate(t *testing.T, gate *appsv1.DaemonSet, tmpl *extv1beta1.SandboxTemplate) {
 	t.Helper()
 	refs := secretRefs(gate.Spec.Template.Spec)
 	if len(refs) == 0 {
@@ -684,4 +678,100 @@ func sameSet[T fmt.Stringer](a, b []T) bool {
 		return slices.Compact(s)
 	}
 	return slices.Equal(key(a), key(b)) && len(a) == len(b)
+}
+
+// testNode stands for the node the downward API gives the gate.
+const testNode = "node-1"
+
+// checkTemplatePolicy checks what the gate reads for the template: its
+// policy ConfigMap loads as the gate loads it, and its pods take their
+// placeholders and the CA from the ConfigMap the gate writes.
+func checkTemplatePolicy(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTemplate) {
+	t.Helper()
+	name := tmpl.Annotations[gateserve.AnnotationPolicy]
+	var cm *corev1.ConfigMap
+	for _, x := range c.configMaps {
+		if x.Namespace == tmpl.Namespace && x.Name == name {
+			cm = x
+		}
+	}
+	if cm == nil {
+		t.Errorf("SandboxTemplate %s: annotation %s names ConfigMap %q, which no manifest creates in %s", tmpl.Name, gateserve.AnnotationPolicy, name, tmpl.Namespace)
+		return
+	}
+	f, err := config.Parse(cm.Name, []byte(cm.Data[gateserve.PolicyKey]))
+	if err != nil {
+		t.Errorf("ConfigMap %s: %v", cm.Name, err)
+		return
+	}
+	if len(f.Network.Allow) == 0 {
+		t.Errorf("ConfigMap %s allows no host; the example should show one", cm.Name)
+	}
+	want := gateserve.PlaceholdersConfigMap(tmpl.Name)
+	envs := map[string]bool{}
+	for _, ctr := range tmpl.Spec.PodTemplate.Spec.Containers {
+		for _, e := range ctr.Env {
+			if e.ValueFrom != nil && e.ValueFrom.ConfigMapKeyRef != nil && e.ValueFrom.ConfigMapKeyRef.Name == want {
+				envs[e.ValueFrom.ConfigMapKeyRef.Key] = true
+			}
+		}
+	}
+	for n, sec := range f.Secrets {
+		if !strings.HasPrefix(sec.From, "env:") {
+			t.Errorf("ConfigMap %s: secret %s from %q; on Kubernetes write env:KEY, a key of the claim's Secret", cm.Name, n, sec.From)
+		}
+		if !envs[n] {
+			t.Errorf("SandboxTemplate %s: no env %s from ConfigMap %s key %s: its pods would not have the placeholder", tmpl.Name, n, want, n)
+		}
+	}
+}
+
+// checkRBAC checks the gate's rights: read what its informers watch,
+// write ConfigMaps (the placeholders), nothing else.
+func checkRBAC(t *testing.T, c *cluster, gate *appsv1.DaemonSet) {
+	t.Helper()
+	sa := gate.Spec.Template.Spec.ServiceAccountName
+	var role string
+	for _, b := range c.bindings {
+		for _, s := range b.Subjects {
+			if s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == gate.Namespace {
+				role = b.RoleRef.Name
+			}
+		}
+	}
+	var rules []rbacv1.PolicyRule
+	for _, r := range c.roles {
+		if r.Name == role {
+			rules = r.Rules
+		}
+	}
+	if len(rules) == 0 {
+		t.Fatalf("no ClusterRole is bound to the gate's ServiceAccount %s", sa)
+	}
+	read := []string{"get", "list", "watch"}
+	want := map[string][]string{
+		"/pods": read, "/secrets": read, "/configmaps": {"create", "get", "list", "update", "watch"},
+		"agents.x-k8s.io/sandboxes": read, "extensions.agents.x-k8s.io/sandboxclaims": read, "extensions.agents.x-k8s.io/sandboxtemplates": read,
+	}
+	got := map[string][]string{}
+	for _, r := range rules {
+		if len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+			t.Errorf("rule %v: resource names or URLs are not expected", r)
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				got[g+"/"+res] = slices.Sorted(slices.Values(append(got[g+"/"+res], r.Verbs...)))
+			}
+		}
+	}
+	for k, v := range want {
+		if !slices.Equal(got[k], slices.Sorted(slices.Values(v))) {
+			t.Errorf("the gate's rights on %s: %v, want %v", k, got[k], v)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("the gate has rights on %s, which it does not use", k)
+		}
+	}
 }
