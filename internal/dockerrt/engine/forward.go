@@ -300,7 +300,7 @@ func wireForward(e forward.Entry, status, why string) control.Forward {
 
 // applyChange changes the runtime forwards rt as ch says (the same rules
 // as the gVisor daemon's daemon.ApplyForwardChange: internal/forward).
-func applyChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string, ch control.ForwardChange) error {
+func applyChange(rt *state.RuntimeForwards, cfg config.Config, sandbox string, ch control.ForwardChange) error {
 	fw, pair, err := forward.Parse(ch.Spec)
 	if err != nil {
 		return err
@@ -310,9 +310,16 @@ func applyChange(rt *state.RuntimeForwards, cfg config.Forwards, sandbox string,
 		if fw.Address, err = forward.CheckAddress(ch.Address); err != nil {
 			return err
 		}
-		return forward.Add(rt, cfg, sandbox, ch.Reverse, fw)
+		if ch.Reverse {
+			// A host-local MCP server's port: a forward would reach it
+			// around the gate's rules for its calls.
+			if err := forward.CheckMCP(cfg.Network.MCP, fw); err != nil {
+				return err
+			}
+		}
+		return forward.Add(rt, cfg.Forwards, sandbox, ch.Reverse, fw)
 	case "remove":
-		_, err := forward.Remove(rt, cfg, sandbox, ch.Reverse, fw, pair)
+		_, err := forward.Remove(rt, cfg.Forwards, sandbox, ch.Reverse, fw, pair)
 		return err
 	}
 	return fmt.Errorf("%w: unknown operation %q: use add or remove", forward.ErrSpec, ch.Op)
@@ -335,7 +342,7 @@ func (f *forwarder) change(ch control.ForwardChange) error {
 			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
 		}
 		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := applyChange(rt, cfg.Forwards, f.name, ch); err != nil {
+		if err := applyChange(rt, cfg, f.name, ch); err != nil {
 			return err
 		}
 		f.sync(forward.Entries(cfg.Forwards, rt))
