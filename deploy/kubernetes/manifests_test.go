@@ -33,11 +33,8 @@ import (
 )
 
 // The cluster's address plan the manifests are written for (their comments
-// say so): a conventional kubeadm service CIDR and a common CNI pod CIDR.
-var (
-	serviceCIDR = netip.MustParsePrefix("10.96.0.0/12")
-	podCIDR     = netip.MustParsePrefix("10.244.0.0/16")
-)
+// say so): a conventional kubeadm service CIDR.
+var serviceCIDR = netip.MustParsePrefix("10.96.0.0/12")
 
 // gatePorts are what the gate serves its clients, in the pod and in the
 // Service alike.
@@ -271,7 +268,7 @@ func checkGatePod(t *testing.T, d *appsv1.DaemonSet) *corev1.Container {
 	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
 		t.Error("gate pod shares a host namespace")
 	}
-	// The gate must start as root to build its jail (gate-deployment.yaml
+	// The gate must start as root to build its jail (gate-daemonset.yaml
 	// says why); what makes that root not the node's is a user namespace.
 	if spec.HostUsers == nil || *spec.HostUsers {
 		t.Error("gate pod: hostUsers is not false; its root and capabilities would be the node's")
