@@ -228,3 +228,77 @@ func TestDaemonOOMStopsSandbox(t *testing.T) {
 		t.Errorf("after the new start: state %q, error %q; want running and no error", s.State, s.Error)
 	}
 }
+
+// A daemon killed while its shim writes the guest's checkpoint (a window
+// the shim covers): the guest and the checkpoint's runsc stop at once,
+// no image is left that could be taken for a whole one, the groups are
+// removed, and the next start boots the sandbox afresh.
+func TestDaemonKilledWhileSuspending(t *testing.T) {
+	const name = "suspkill"
+	dir := project(t, name)
+	mustMoat(t, dir, "up")
+	state := filepath.Join(moatHome, "state", "sandboxes", name)
+	// Memory that does not compress, so the checkpoint takes long enough
+	// to be caught writing it.
+	mustMoat(t, dir, "run", "--", "sh", "-c", "head -c 200000000 /dev/urandom > /dev/shm/ballast")
+	daemon := statusOf(t, dir, name).DaemonPID
+	suspend := exec.Command(moatBin, "suspend", name)
+	suspend.Dir, suspend.Env = dir, moatEnv(nil)
+	if err := suspend.Start(); err != nil {
+		t.Fatal(err)
+	}
+	suspended := make(chan error, 1)
+	go func() { suspended <- suspend.Wait() }()
+	t.Cleanup(func() { suspend.Process.Kill() })
+	checkpointing := func() bool {
+		out, _ := exec.Command("ps", "-eo", "args").Output()
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.Contains(l, "runsc") && strings.Contains(l, " checkpoint ") && strings.Contains(l, state+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(60 * time.Second); !checkpointing(); time.Sleep(10 * time.Millisecond) {
+		select {
+		case err := <-suspended:
+			t.Skipf("the suspend ended (%v) before the test saw runsc checkpoint running: a faster disk than this test's guest needs; nothing was killed", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no runsc checkpoint within 60 s of moat suspend")
+		}
+	}
+	killedAt := time.Now()
+	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); len(runscOf(name)) > 0; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest and its checkpoint outlived their daemon by 10 s: %q", runscOf(name))
+		}
+	}
+	select {
+	case err := <-suspended:
+		if err == nil {
+			t.Error("moat suspend succeeded although its daemon was killed while saving")
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("moat suspend did not end within 30 s of its daemon's death")
+	}
+	assertNothingLeft(t)
+	// The image is renamed into place once whole: a rename after the
+	// daemon's death is the shim working on for a dead daemon. One
+	// before it (the checkpoint ended between ps and the kill) proves
+	// nothing either way.
+	if fi, err := os.Stat(filepath.Join(state, "suspend")); err == nil {
+		st := fi.Sys().(*syscall.Stat_t)
+		if renamed := time.Unix(st.Ctim.Sec, st.Ctim.Nsec); renamed.Before(killedAt) {
+			t.Skipf("the checkpoint was whole %v before the daemon's kill: the test missed its window", killedAt.Sub(renamed))
+		}
+		t.Errorf("a checkpoint image was put in place after the daemon was killed: the shim saved the guest for a dead daemon")
+	}
+	if out := mustMoat(t, dir, "run", "--", "sh", "-c", "echo back; ls /dev/shm"); strings.TrimSpace(out) != "back" {
+		t.Errorf("the next start, want it booted afresh (no ballast in /dev/shm): %q", out)
+	}
+}
