@@ -552,6 +552,9 @@ func TestCNIFence(t *testing.T) {
 			t.Errorf("%s (gated %v): a datagram from the spoofed %s arrived at the gate's server = %v", p.name, p.gated, p.spoof, arrived)
 		}
 	}
+	if t.Failed() {
+		t.Logf("the server's log:\n%s", serverLog)
+	}
 
 	// Each pod went through moat-cni: its log line names the decision.
 	logb, err := os.ReadFile(cniContainerdLog)
