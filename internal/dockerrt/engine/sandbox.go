@@ -338,6 +338,7 @@ func refreshGate(ctx context.Context, r *dockerrt.Record, o dockerrt.Options) er
 		b, _ := os.ReadFile(filepath.Join(dir, f))
 		old = append(old, b)
 	}
+	o.Warn = nil // the start said what it drops; not again at every session
 	if _, _, err := dockerrt.WriteGateDir(r, o); err != nil {
 		return err
 	}
