@@ -526,11 +526,21 @@ type sandboxKind struct {
 // makeKind creates a template whose sandboxes run the client, its policy
 // and a warm pool of replicas.
 func (e *env) makeKind(ctx context.Context, k sandboxKind, replicas int32) error {
-	if _, err := e.cs.CoreV1().ConfigMaps(e.sbNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: k.name + "-policy"},
-		Data: map[string]string{gateserve.PolicyKey: k.policy}}, metav1.CreateOptions{}); err != nil {
-		return err
+	return e.makeKindWith(ctx, k, replicas, true)
+}
+
+// makeKindWith is makeKind; without gated, the template names no policy
+// and its pods keep the cluster's DNS settings and reach what the pod
+// network lets them: agent-sandbox without the gate.
+func (e *env) makeKindWith(ctx context.Context, k sandboxKind, replicas int32, gated bool) error {
+	ann := map[string]string{}
+	if gated {
+		if _, err := e.cs.CoreV1().ConfigMaps(e.sbNS).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: k.name + "-policy"},
+			Data: map[string]string{gateserve.PolicyKey: k.policy}}, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+		ann[gateserve.AnnotationPolicy] = k.name + "-policy"
 	}
-	ann := map[string]string{gateserve.AnnotationPolicy: k.name + "-policy"}
 	if k.secret != "" {
 		ann[gateserve.AnnotationSecret] = k.secret
 	}
@@ -559,11 +569,19 @@ func (e *env) makeKind(ctx context.Context, k sandboxKind, replicas int32) error
 			},
 		}}},
 	}
+	if !gated {
+		spec := &tpl.Spec.PodTemplate.Spec
+		spec.DNSPolicy, spec.DNSConfig, spec.Volumes = corev1.DNSDefault, nil, nil
+		spec.Containers[0].Env, spec.Containers[0].VolumeMounts = nil, nil
+	}
 	if _, err := e.ext.ExtensionsV1beta1().SandboxTemplates(e.sbNS).Create(ctx, tpl, metav1.CreateOptions{}); err != nil {
 		return err
 	}
 	// The gate publishes the placeholders before any pod can start.
 	if err := poll(ctx, time.Minute, func() (bool, string) {
+		if !gated {
+			return true, ""
+		}
 		cm, err := e.cs.CoreV1().ConfigMaps(e.sbNS).Get(ctx, phCM, metav1.GetOptions{})
 		if err != nil {
 			return false, "the gate has not written " + phCM + ": " + err.Error()
