@@ -65,6 +65,7 @@ type standin struct {
 	keys   []string
 	paths  []string
 	bodies []string
+	auths  []string // Authorization headers
 }
 
 func (s *standin) seen() ([]string, []string) {
@@ -139,6 +140,7 @@ func startStandin(t *testing.T, dnsPort int, leaf tls.Certificate, names ...stri
 		s.keys = append(s.keys, r.Header.Get("X-Api-Key"))
 		s.paths = append(s.paths, r.URL.Path)
 		s.bodies = append(s.bodies, string(body))
+		s.auths = append(s.auths, r.Header.Get("Authorization"))
 		s.mu.Unlock()
 		fmt.Fprintln(w, "standin-answer")
 	}), ReadHeaderTimeout: 5 * time.Second}
