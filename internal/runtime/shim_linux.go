@@ -147,7 +147,9 @@ const StopGrace = 10 * time.Second
 // until it exits. The shim is PID 1 of its own PID namespace, so when it
 // dies — also when the daemon dies and the parent-death signal kills it —
 // the kernel kills every process in the namespace: runsc's sandbox and
-// gofer. runsc run alone would not do: it outlives a killed parent.
+// gofer; a shim with groups to remove (h) kills them itself when the
+// daemon dies, and returns. runsc run alone would not do: it outlives a
+// killed parent.
 //
 // Detached, runsc returns once the sandbox runs, and its sandbox and gofer
 // are re-parented to the shim, which reaps them: the long-lived `runsc run`
@@ -173,6 +175,11 @@ func superviseRunsc(p *Plan, bundle string, h *heir) error {
 	if err == nil {
 		err = run.Wait()
 	}
+	if err == nil && p.Restore != "" {
+		// Also for a daemon that died meanwhile: the guest ran, so its
+		// image no longer matches its files.
+		restored(p, time.Since(t0))
+	}
 	if h.isGone() {
 		return errDaemonGone
 	}
@@ -181,9 +188,6 @@ func superviseRunsc(p *Plan, bundle string, h *heir) error {
 			return restoreFailed(p, err)
 		}
 		return fmt.Errorf("runsc %s: %w", verb, err)
-	}
-	if p.Restore != "" {
-		restored(p, time.Since(t0))
 	}
 	b, err := os.ReadFile(pidFile)
 	sandbox, _ := strconv.Atoi(strings.TrimSpace(string(b)))
