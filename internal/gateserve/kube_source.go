@@ -339,7 +339,11 @@ func (k *kubeSource) build(b kubeBinding, used map[string]*rulesResult) (*tenant
 	if err != nil {
 		return nil, fmt.Errorf("reading its secrets from Secret %s: %w", boundSecretName(b), err)
 	}
-	creds := &credentials{}
+	creds := &credentials{waiting: "the sandbox is a warm pool's until a claim takes it"}
+	if b.id.Claim != "" {
+		creds.waiting = fmt.Sprintf("claim %s binds no Secret labelled %s=true that has their keys (annotation %s on the claim or its template)",
+			b.id.Claim, LabelGateSecret, AnnotationSecret)
+	}
 	creds.store(set, pending)
 	key := gateKey(b.id)
 	t := k.s.assemble(tc, key, r, creds, k.audit)

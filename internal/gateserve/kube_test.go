@@ -312,6 +312,23 @@ func TestKubeAddressReuse(t *testing.T) {
 		t.Fatalf("pod-a's request to a.example: %q, %v; want the claim's value swapped in", got, err)
 	}
 
+	// The claim's Secret changed to lack the key: pending, and the refusal
+	// says where the value was to come from.
+	sec, _ := h.core.CoreV1().Secrets(testNS).Get(context.Background(), "sec-a", metav1.GetOptions{})
+	sec.Data = map[string][]byte{"other": []byte("something-else-1")}
+	sec.ResourceVersion = "2"
+	if _, err := h.core.CoreV1().Secrets(testNS).Update(context.Background(), sec, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h.waitFor(t, "pod-a rebound without the value", func(tt *tenantTable) bool {
+		tn := tt.lookup(ip)
+		return tn != nil && tn != ta
+	})
+	if _, err := swapped(h.svc.tenants.Load().lookup(ip), "a.example", phA); err == nil || !strings.Contains(err.Error(), "claim claim-a binds no Secret") {
+		t.Fatalf("a request to a.example without the value: %v; want it refused, naming the claim", err)
+	}
+	ta = h.svc.tenants.Load().lookup(ip)
+
 	// A second pod on the same address while pod-a is still listed (its
 	// deletion not seen yet): the address is nobody's.
 	h.create(t, testPod("pod-b", "pod-b-uid", "sb-b", "sb-b-uid", ip.String()))

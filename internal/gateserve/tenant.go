@@ -125,6 +125,9 @@ func resolveSecrets(r *rules, placeholders map[string]string) (*secret.Set, erro
 type credentials struct {
 	cur     atomic.Pointer[secret.Set]
 	pending atomic.Pointer[secret.Set]
+	// waiting says where pending values come from, for the refusal; ""
+	// the control socket's.
+	waiting string
 }
 
 var _ gate.Credentials = (*credentials)(nil)
@@ -137,6 +140,9 @@ func (c *credentials) Bound(host string) bool {
 
 func (c *credentials) Request(host string, h http.Header, u *url.URL) (secret.Applied, error) {
 	if p := c.pending.Load(); p.Bound(host) {
+		if c.waiting != "" {
+			return nil, fmt.Errorf("secrets %s have no value: %s; requests to their hosts are refused until they do (fail closed)", strings.Join(p.Names(), ", "), c.waiting)
+		}
 		return nil, pendingError(p)
 	}
 	return c.cur.Load().Request(host, h, u)
