@@ -40,11 +40,31 @@ echo "test.sh: scripts/docker.sh: $(( $(date +%s) - dstart )) s" >&2
 # reasons, every failure with its output, and each package's result line.
 log=/tmp/moat-test.log
 rc=0
-go test -count=1 -timeout 40m -v ./... >"$log" 2>&1 || rc=$?
+# test/cluster runs below, on its cluster, not here (where it would only
+# say it was not asked).
+go test -count=1 -timeout 40m -v $(go list ./... | grep -v '/test/cluster') >"$log" 2>&1 || rc=$?
 # The daemon package again under the race detector: its start-and-stop
 # test runs the keeper in the test process, so the keeper's start, stop
 # and goroutines are raced (about 15 s).
 go test -race -count=1 -timeout 10m -v ./internal/daemon >>"$log" 2>&1 || rc=$?
+# The Kubernetes tier on a real single-node cluster, after the rest so that
+# its control plane does not load the host under the timed tests:
+# scripts/cluster.sh builds it (cached under /var/cache/moat-cluster, a few
+# minutes when deploy/cluster changed) and starts it; the moat-cni and gate
+# tests (test/cluster) and the build's own smoke test run on it; it stops
+# after. Like Docker's, only a host without apt-get skips it, loudly.
+cstart=$(date +%s)
+if cerr=$(./scripts/cluster.sh up 2>&1); then
+	MOAT_CLUSTER=1 go test -count=1 -timeout 20m -v ./test/cluster/... >>"$log" 2>&1 || rc=$?
+	(cd deploy/cluster/build && go test -count=1 -timeout 10m -v ./smoke) >>"$log" 2>&1 || rc=$?
+elif [ $? -eq 3 ]; then
+	echo "test.sh: SKIPPING test/cluster: $(printf '%s\n' "$cerr" | tail -1)" >&2
+else
+	printf 'test.sh: scripts/cluster.sh up failed:\n%s\n' "$(printf '%s\n' "$cerr" | tail -20)" | tee -a "$log" >&2
+	rc=1
+fi
+./scripts/cluster.sh down >/dev/null 2>&1 || echo "test.sh: scripts/cluster.sh down failed" >&2
+echo "test.sh: the cluster tier: $(( $(date +%s) - cstart )) s" >&2
 grep -E -B1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
 if [ "$rc" -ne 0 ]; then
 	grep -E -B1 -A40 '^\s*--- FAIL|^panic:|\[build failed\]' "$log" | head -400 || true
