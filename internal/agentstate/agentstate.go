@@ -97,7 +97,21 @@ func ProjectID(ws string) string {
 	return base + "-" + hex.EncodeToString(sum[:4])
 }
 
-var validSandbox = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+// validSandbox: a sandbox's name as moat makes them, which is also a
+// directory and a branch name here. A function, not a regexp: the bounded
+// repetition compiles into a program of tens of KB that every process of
+// moat-sandbox would hold from its start.
+func validSandbox(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // ErrNoProject is returned for a project without kept state.
 var ErrNoProject = errors.New("no kept agent state for this project")
@@ -164,7 +178,7 @@ type Mount struct {
 // uid:gid. keep leaves sandbox's directory as it is (a guest restored
 // from a checkpoint holds its files open). It returns the mounts.
 func (s Store) Start(ws, sandbox string, uid, gid int, keep bool) ([]Mount, error) {
-	if !validSandbox.MatchString(sandbox) {
+	if !validSandbox(sandbox) {
 		return nil, fmt.Errorf("sandbox name %q: not a valid name", sandbox)
 	}
 	project := ProjectID(ws)
@@ -208,7 +222,7 @@ func (s Store) nothingKept(project string) bool {
 		return false
 	}
 	for _, e := range ents {
-		if !e.IsDir() || !validSandbox.MatchString(e.Name()) {
+		if !e.IsDir() || !validSandbox(e.Name()) {
 			continue
 		}
 		if files, err := scan(filepath.Join(s.Work, project, e.Name()), func(string) {}); err != nil || len(files) > 0 {
@@ -290,7 +304,7 @@ func (s Store) syncAll(r repo, project string) error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if !e.IsDir() || !validSandbox.MatchString(e.Name()) {
+		if !e.IsDir() || !validSandbox(e.Name()) {
 			continue
 		}
 		if err := s.sync(r, e.Name(), filepath.Join(s.Work, project, e.Name())); err != nil {

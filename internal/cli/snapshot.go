@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -61,12 +60,28 @@ type snapshotInfo struct {
 
 const snapshotFile = "snapshot.json"
 
-// tagPattern: a tag is a directory name, readable in a list, and never
-// the staging directory's dot.
-var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+// tagOK: a tag is a directory name, readable in a list, and never the
+// staging directory's dot: a letter or digit, then up to 63 of those or
+// "._-". A function, not a regexp: the bounded repetition compiles into
+// a program of tens of KB held from every moat process's start.
+func tagOK(tag string) bool {
+	if len(tag) == 0 || len(tag) > 64 || !isAlnum(tag[0]) {
+		return false
+	}
+	for i := 1; i < len(tag); i++ {
+		if c := tag[i]; !isAlnum(c) && c != '.' && c != '_' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func isAlnum(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9'
+}
 
 func validTag(tag string) error {
-	if !tagPattern.MatchString(tag) {
+	if !tagOK(tag) {
 		return codef(ExitUsage, "snapshot tag %q (the TAG argument) is not valid: use 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit", tag)
 	}
 	return nil
@@ -320,7 +335,7 @@ func listSnapshots(dir, name string) []snapshotInfo {
 	ents, _ := os.ReadDir(snapshotsDir(dir))
 	var out []snapshotInfo
 	for _, ent := range ents {
-		if !ent.IsDir() || !tagPattern.MatchString(ent.Name()) {
+		if !ent.IsDir() || !tagOK(ent.Name()) {
 			continue // a save under way, or not ours
 		}
 		info, err := readSnapshot(dir, name, ent.Name())
