@@ -95,8 +95,8 @@ pss() {
 pss "$(cat "$MOAT_HOME/state/sandboxes/benchproj/daemon.pid")"
 moat_pss=$pss_kb moat_pids=${#pids[@]} moat_spaces=${#spaces[@]}
 # moat's own host processes (the daemon's keeper and gate process, the
-# reaper, the shim): each runs one of moat's binaries in bin/ (moat,
-# moat-sandbox, ...; not runsc), and is named by its role.
+# shim): each runs moat-sandbox (the check takes moat or any moat-* in
+# moat's directory, never runsc), and is named by its role.
 # In tenths: whole MiB rounded down read 20.9 as 20, under a 20 MiB target.
 mib() { awk -v k="$1" 'BEGIN{printf "%.1f", k / 1024}'; }
 bindir=$(dirname "$(readlink -f "$MOAT")")

@@ -9,8 +9,8 @@ import (
 )
 
 // heavy are libraries that moat and moat-sandbox must not link: every
-// moat process (the CLI, and a sandbox's keeper, gate process, reaper and
-// shim, which run moat-sandbox) pays their package init. Each belongs to
+// moat process (the CLI, and a sandbox's keeper, gate process and shim,
+// which run moat-sandbox) pays their package init. Each belongs to
 // one front end, which is a binary of its own, its owner
 // (docs/architecture.md, "Four binaries"); the other binaries leave it
 // out too.

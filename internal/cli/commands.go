@@ -395,8 +395,9 @@ destroys it and removes the worktrees, keeping their branches.`,
 			if err := e.stop(dir, state.StopUser); err != nil {
 				return err
 			}
-			// A crashed daemon's cgroup: its reaper may still be removing
-			// it, from the directory about to go, or may have failed.
+			// A crashed daemon's cgroups: its shim may still be removing
+			// them, holding the group lock in the directory about to go,
+			// or may have failed or died with the daemon.
 			if err := resources.RemoveStaleWait(dir); err != nil {
 				return fmt.Errorf("not destroyed: %w", err)
 			}

@@ -15,8 +15,8 @@ import (
 // because each process pays the package init of everything its binary
 // links. moat-sandbox holds the roles moat starts for a sandbox (RoleMain)
 // without the command line, whose code and data the sandbox's processes
-// would otherwise map: its keeper, gate process, shim and reaper, and the
-// guest's init and agent.
+// would otherwise map: its keeper, gate process and shim, and the guest's
+// init and agent.
 const (
 	gateBinary    = "moat-gate"    // the gate service: Prometheus's client
 	dockerBinary  = "moat-docker"  // runtime = "docker": the Docker SDK

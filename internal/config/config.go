@@ -116,8 +116,8 @@ type Sandbox struct {
 	IdleTimeout    time.Duration `json:"idle_timeout"` // zero when IdleOff
 	IdleOff        bool          `json:"idle_off,omitempty"`
 	// DaemonMemoryMaxBytes is the memory limit of the cgroup that holds
-	// the sandbox's daemon and reaper; 0: derived from MemoryMaxBytes
-	// (resources.DaemonLimit).
+	// the sandbox's daemon (keeper and gate process); 0: derived from
+	// MemoryMaxBytes (resources.DaemonLimit).
 	DaemonMemoryMaxBytes uint64 `json:"daemon_memory_max_bytes,omitempty"`
 	// DiskBytes limits the writable layer (internal/disk); 0: not set, a
 	// new sandbox's image gets disk.Default and an existing one keeps its

@@ -21,8 +21,8 @@ type Resources struct {
 	// the sandbox staying up; LastGuestOOMKill describes the last one.
 	GuestOOMKills    int    `json:"guest_oom_kills"`
 	LastGuestOOMKill string `json:"last_guest_oom_kill,omitempty"`
-	// DaemonMemory*: the cgroup of the sandbox's daemon (and its reaper),
-	// beside the sandbox's; absent on a daemon without one.
+	// DaemonMemory*: the cgroup of the sandbox's daemon (its keeper and
+	// gate process), beside the sandbox's; absent on a daemon without one.
 	DaemonMemoryUsageBytes uint64 `json:"daemon_memory_usage_bytes,omitempty"`
 	DaemonMemoryLimitBytes uint64 `json:"daemon_memory_limit_bytes,omitempty"`
 }

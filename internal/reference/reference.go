@@ -3,10 +3,10 @@
 // `--help` says.
 //
 // It lives outside internal/cli so that the moat binary does not link the
-// Markdown and man page generators: every moat process (the CLI, the
-// daemon's two processes, the shim, the reaper, the guest's init) runs the
-// package initialisation of everything the binary links, whether or not
-// its role uses it.
+// Markdown and man page generators: the CLI runs the package
+// initialisation of everything the binary links, whether or not a command
+// uses it (a sandbox's processes run moat-sandbox, which does not link
+// this package either).
 package reference
 
 import (
