@@ -74,6 +74,10 @@ type kubeSource struct {
 	synced    []cache.InformerSynced
 	ready     atomic.Bool
 	publishC  chan struct{}
+	// published is publish's own (one goroutine): each policy version's
+	// secret names or error, so an event does not compile every
+	// template's policy again.
+	published map[string]publishedPolicy
 
 	idsMu sync.Mutex
 	ids   map[string]kubeID // by the gate's sandbox key (gateKey)
@@ -82,6 +86,11 @@ type kubeSource struct {
 	byPod   map[types.UID]*kubeTenant
 	rules   map[string]*rulesResult // by ConfigMap UID and resourceVersion
 	lastWhy map[string]string       // pods without a tenant, logged once per reason
+}
+
+type publishedPolicy struct {
+	secrets []string
+	err     error
 }
 
 type kubeTenant struct {
@@ -101,7 +110,7 @@ func newKubeSource(s *Service, given *KubeClients) (*kubeSource, error) {
 	cfg := s.cfg.Kube
 	k := &kubeSource{s: s, cfg: cfg, log: s.log.With("component", "kubernetes"), ids: map[string]kubeID{},
 		byPod: map[types.UID]*kubeTenant{}, rules: map[string]*rulesResult{}, lastWhy: map[string]string{},
-		publishC: make(chan struct{}, 1)}
+		publishC: make(chan struct{}, 1), published: map[string]publishedPolicy{}}
 	if given != nil {
 		k.c = *given
 	} else {
@@ -473,6 +482,8 @@ func (k *kubeSource) publish(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	seen := map[string]bool{}
+	defer func() { maps.DeleteFunc(k.published, func(key string, _ publishedPolicy) bool { return !seen[key] }) }()
 	for _, tpl := range tpls {
 		cmName := tpl.Annotations[AnnotationPolicy]
 		if cmName == "" || tpl.DeletionTimestamp != nil {
@@ -484,12 +495,22 @@ func (k *kubeSource) publish(ctx context.Context) {
 		case policy == nil:
 			want[StatusKey] = fmt.Sprintf("no sandbox of this template is served: its policy ConfigMap %s does not exist", cmName)
 		default:
-			r, err := compilePolicy(policy, tpl.Name, k.s.roots)
-			if err != nil {
-				want[StatusKey] = "no sandbox of this template is served: " + err.Error()
+			key := rulesKey(policy) + "/" + tpl.Name
+			seen[key] = true
+			pp, ok := k.published[key]
+			if !ok {
+				r, err := compilePolicy(policy, tpl.Name, k.s.roots)
+				pp.err = err
+				if err == nil {
+					pp.secrets = slices.Collect(maps.Keys(r.secrets))
+				}
+				k.published[key] = pp
+			}
+			if pp.err != nil {
+				want[StatusKey] = "no sandbox of this template is served: " + pp.err.Error()
 				break
 			}
-			for n := range r.secrets {
+			for _, n := range pp.secrets {
 				want[n] = templatePlaceholder(tpl.Namespace, tpl.UID, n)
 			}
 		}

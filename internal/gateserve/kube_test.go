@@ -360,3 +360,35 @@ func TestKubeAddressReuse(t *testing.T) {
 	}
 	h.waitFor(t, "nothing for the address once pod-b is gone", func(tt *tenantTable) bool { return tt.lookup(ip) == nil })
 }
+
+// TestKubePublish: the gate writes each served template's ConfigMap with
+// the placeholders and its CA, or the reason its sandboxes get nothing.
+func TestKubePublish(t *testing.T) {
+	h := newKubeHarness(t)
+	h.create(t, testPolicy("pol-a", policyA), testPolicy("pol-bad", "[network]\nallow = [\"a.example\"]\n[secrets.T]\nfrom = \"file:/etc/x\"\nhosts = [\"a.example\"]\n"),
+		testTemplate("tpl-a", "tpl-a-uid", "pol-a", ""), testTemplate("tpl-bad", "tpl-bad-uid", "pol-bad", ""))
+	get := func(name string) *corev1.ConfigMap {
+		cm, err := h.core.CoreV1().ConfigMaps(testNS).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return nil
+		}
+		return cm
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for get(PlaceholdersConfigMap("tpl-a")) == nil || get(PlaceholdersConfigMap("tpl-bad")) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("after 5 s the gate has not written both templates' ConfigMaps")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	a := get(PlaceholdersConfigMap("tpl-a"))
+	if a.Data[StatusKey] != "ok" || a.Data["TOKEN"] != templatePlaceholder(testNS, "tpl-a-uid", "TOKEN") || !strings.Contains(a.Data[CAKey], "BEGIN CERTIFICATE") {
+		t.Errorf("tpl-a's ConfigMap: %v; want status ok, TOKEN's placeholder and the CA", a.Data)
+	}
+	if len(a.OwnerReferences) != 1 || a.OwnerReferences[0].UID != "tpl-a-uid" {
+		t.Errorf("tpl-a's ConfigMap is owned by %v; want the template, so it goes with it", a.OwnerReferences)
+	}
+	if bad := get(PlaceholdersConfigMap("tpl-bad")); !strings.Contains(bad.Data[StatusKey], "env:KEY") {
+		t.Errorf("tpl-bad's status: %q; want why its policy is refused (%v)", bad.Data[StatusKey], bad.Data)
+	}
+}
