@@ -22,10 +22,12 @@ var heavy = []struct{ prefix, why, owner string }{
 	{"google.golang.org/protobuf", "Prometheus's wire format", "moat-gate"},
 	{"k8s.io/client-go", "the gate service's Kubernetes informers", "moat-gate"},
 	{"sigs.k8s.io/agent-sandbox/clients", "agent-sandbox's clients and informers", "moat-gate"},
+	{"github.com/containernetworking/", "the CNI plugin's skeleton and types", "moat-cni"},
+	{"github.com/google/nftables", "the CNI plugin's nftables rules", "moat-cni"},
 }
 
 // commands are the binaries checked.
-var commands = []string{"moat", "moat-docker", "moat-gate", "moat-sandbox"}
+var commands = []string{"moat", "moat-docker", "moat-gate", "moat-sandbox", "moat-cni"}
 
 // TestHeavyDepsStayOut fails when a command links a library it must not,
 // and names the import chain that pulls it in, shortest first.
