@@ -280,7 +280,10 @@ func (k *kubeSource) apply() {
 				kt = &kubeTenant{t: t, fp: fp, cancel: cancel}
 				if old != nil {
 					// Rebound (claimed, a new policy or Secret version):
-					// what is open was decided as before and carries on.
+					// what is open was decided as before and carries on,
+					// until the pod goes.
+					prev := old.cancel
+					kt.cancel = func() { cancel(); prev() }
 					k.log.Info("gate service: sandbox pod rebound", "pod", b.id.Namespace+"/"+b.id.Pod, "sandbox", b.id.Sandbox, "claim", b.id.Claim)
 				} else {
 					k.log.Info("gate service: sandbox pod served", "pod", b.id.Namespace+"/"+b.id.Pod, "addr", a, "sandbox", b.id.Sandbox, "claim", b.id.Claim, "template", b.id.Template)
@@ -293,12 +296,10 @@ func (k *kubeSource) apply() {
 	}
 	k.s.tenants.Store(&tenantTable{byName: map[string]*tenant{}, byAddr: byAddr})
 	for uid, kt := range k.byPod {
-		if n, ok := next[uid]; !ok {
+		if _, ok := next[uid]; !ok {
 			kt.cancel()
 			k.forget(kt.t)
 			k.log.Info("gate service: sandbox pod no longer served; its connections are cut", "sandbox_key", kt.t.gateKey)
-		} else if n != kt {
-			kt.cancel = func() {} // replaced: its connections carry on under their old decision
 		}
 	}
 	k.byPod = next
