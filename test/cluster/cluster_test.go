@@ -137,6 +137,9 @@ func (e *env) tearDown() {
 	if e.up != nil {
 		e.up.close()
 	}
+	if e.audit != "" {
+		os.RemoveAll(e.audit) // MOAT_CLUSTER_KEEP=1 keeps it with the rest
+	}
 }
 
 func randHex(n int) string {
