@@ -9,6 +9,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"moat.dev/moat/internal/gateserve"
 )
 
 // TestClaimToFirstOutput measures issue 21's benchmark: from creating a
@@ -79,4 +81,42 @@ func (e *env) waitPool(ctx context.Context, name string) error {
 		}
 		return p.Status.ReadyReplicas >= 1, fmt.Sprintf("warm pool %s has %d ready", name, p.Status.ReadyReplicas)
 	})
+}
+
+// TestGateOverhead measures, from inside a sandbox pod, the mean time of
+// a request on a new connection: directly to the upstream (an ungated
+// template), through the gate spliced (plain HTTP, decided by Host), and
+// through the gate intercepted (HTTPS with a secret swapped in: the
+// gate terminates TLS with its CA and dials the upstream itself).
+func TestGateOverhead(t *testing.T) {
+	e := kinds(t)
+	ctx := context.Background()
+	if err := e.makeUngated(ctx); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	const n = "200"
+	for _, v := range []struct{ what, pool, url string }{
+		{"direct (no gate)", "plain", "http://" + nodeAddr + "/bench"},
+		{"through the gate, HTTP by Host", "beta", "http://beta.moat.test/bench"},
+		{"through the gate, HTTPS intercepted, secret swapped", "alpha", "https://alpha.moat.test/bench"},
+	} {
+		if err := e.waitPool(ctx, v.pool); err != nil {
+			t.Fatal(err)
+		}
+		name := v.pool + "-overhead"
+		ann := map[string]string{}
+		if v.pool == "alpha" {
+			ann[gateserve.AnnotationSecret] = "alpha-token"
+		}
+		_, pod, err := e.claim(ctx, name, v.pool, ann)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := e.exec(ctx, pod.Name, "bench", v.url, n)
+		if err != nil || !strings.Contains(out, "failed=0") {
+			t.Fatalf("%s: %s %v", v.what, out, err)
+		}
+		t.Logf("%-52s %s", v.what, strings.TrimSpace(out))
+		e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).Delete(ctx, name, metav1.DeleteOptions{})
+	}
 }

@@ -8,6 +8,7 @@
 //	client get URL [CONNECT_IP [TOK]] GET URL with "Authorization: Bearer $TOKEN" (or TOK);
 //	                                  with CONNECT_IP, dial it instead of resolving
 //	client loop URL N                 N requests to URL/r/<i>, one line each
+//	client bench URL N [CONNECT_IP]   N requests, one connection each; prints the mean time
 //	client find HEX                   whether the bytes HEX encodes are in the environment
 //	                                  or any file (hex, so that they are not in argv)
 package main
@@ -57,6 +58,28 @@ func main() {
 			get(c, fmt.Sprintf("%s/r/%d", os.Args[2], i))
 			time.Sleep(50 * time.Millisecond)
 		}
+	case "bench":
+		n, _ := strconv.Atoi(os.Args[3])
+		connect := ""
+		if len(os.Args) > 4 {
+			connect = os.Args[4]
+		}
+		c := client(connect)
+		t0 := time.Now()
+		failed := 0
+		for range n {
+			resp, err := c.Get(os.Args[2])
+			if err != nil {
+				failed++
+				continue
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				failed++
+			}
+		}
+		fmt.Printf("requests=%d failed=%d mean_us=%d\n", n, failed, time.Since(t0).Microseconds()/int64(max(n, 1)))
 	case "find":
 		v, err := hex.DecodeString(os.Args[2])
 		if err != nil {
