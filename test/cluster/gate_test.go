@@ -419,3 +419,40 @@ func TestGateRestart(t *testing.T) {
 		t.Fatalf("nothing reached the upstream: %s", out)
 	}
 }
+
+// TestUnknownPod: a pod the gate does not serve (its template names no
+// policy) gets nothing from the gate: its connection is refused, nothing
+// reaches the upstream, and the gate records the address as unknown.
+func TestUnknownPod(t *testing.T) {
+	e := kinds(t)
+	ctx := context.Background()
+	if err := e.makeUngated(ctx); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	_, pod, err := e.claim(ctx, "plain-unknown", "plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := mustExec(t, e, pod.Name, "get", "http://beta.moat.test/unknown", e.gateIP)
+	if strings.Contains(out, "status=") {
+		t.Errorf("a pod the gate does not serve got an answer through it: %s", out)
+	}
+	for _, s := range e.up.seenBy("beta.moat.test") {
+		if s.path == "/unknown" {
+			t.Errorf("the upstream got a request from a pod the gate does not serve")
+		}
+	}
+	err = poll(ctx, 10*time.Second, func() (bool, string) {
+		var found bool
+		audit.Read(e.audit+"/unknown.jsonl", func(r audit.Record) bool {
+			if r.Verdict == audit.Deny && r.RejectedBy == audit.StepSource && strings.Contains(string(r.Reason), pod.Status.PodIP) {
+				found = true
+			}
+			return !found
+		})
+		return found, "no record of " + pod.Status.PodIP + " in unknown.jsonl"
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
