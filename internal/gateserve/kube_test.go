@@ -395,3 +395,30 @@ func TestKubePublish(t *testing.T) {
 		t.Errorf("tpl-bad's status: %q; want why its policy is refused (%v)", bad.Data[StatusKey], bad.Data)
 	}
 }
+
+// TestKubeConfig: [kubernetes] and what it may not be set with, each
+// refusal naming the line.
+func TestKubeConfig(t *testing.T) {
+	const head = "[service]\nstate_dir = \"/var/lib/moat-gate\"\n[listen]\ndns = [\"10.0.0.1:53\"]\nhttps = [\"10.0.0.1\"]\n"
+	t.Setenv("MOAT_TEST_NODE", "node-7")
+	cfg, err := ParseConfig("/etc/gate.toml", []byte(head+"[kubernetes]\nnode = \"env:MOAT_TEST_NODE\"\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Kube == nil || cfg.Kube.Node != "node-7" || cfg.Kube.Audit != "/var/lib/moat-gate/audit/kubernetes.jsonl" || cfg.Kube.Kubeconfig != "" {
+		t.Fatalf("[kubernetes] = %+v; want node-7, the default audit log, in-cluster", cfg.Kube)
+	}
+	for _, tc := range []struct{ name, body, want string }{
+		{"with tenants", "[tenants.a]\nsources = [\"10.0.1.0/24\"]\npolicy = [\"/p.toml\"]\n[kubernetes]\n", "gate.toml:9: kubernetes: set with [tenants]"},
+		{"node from an unset variable", "[kubernetes]\nnode = \"env:MOAT_TEST_UNSET\"\n", "gate.toml:7: kubernetes.node: \"env:MOAT_TEST_UNSET\": the variable MOAT_TEST_UNSET is not set"},
+		{"relative kubeconfig", "[kubernetes]\nkubeconfig = \"admin.kubeconfig\"\n", "kubernetes.kubeconfig: \"admin.kubeconfig\": write an absolute path"},
+		{"unknown key", "[kubernetes]\nnamespace = \"agents\"\n", "unknown key kubernetes.namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseConfig("/etc/gate.toml", []byte(head+tc.body))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v; want one with %q", err, tc.want)
+			}
+		})
+	}
+}
