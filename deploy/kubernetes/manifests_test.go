@@ -161,6 +161,7 @@ type cluster struct {
 	accounts   []*corev1.ServiceAccount
 	roles      []*rbacv1.ClusterRole
 	bindings   []*rbacv1.ClusterRoleBinding
+	nsBindings []*rbacv1.RoleBinding
 }
 
 func sortManifests(t *testing.T, all []manifest) *cluster {
@@ -185,6 +186,8 @@ func sortManifests(t *testing.T, all []manifest) *cluster {
 			c.roles = append(c.roles, o)
 		case *rbacv1.ClusterRoleBinding:
 			c.bindings = append(c.bindings, o)
+		case *rbacv1.RoleBinding:
+			c.nsBindings = append(c.nsBindings, o)
 		default:
 			// Decoded, but nothing below checks it: add the checks that
 			// matter for it before adding it.
@@ -232,7 +235,7 @@ func TestManifests(t *testing.T) {
 		}
 	}
 	checkTemplate(t, c, tmpl, gate, svc, files)
-	checkRBAC(t, c, gate)
+	checkRBAC(t, c, gate, tmpl)
 	checkGatePolicy(t, c, gate, tmpl)
 	checkSecretsOnlyInGate(t, gate, tmpl)
 }
@@ -724,51 +727,72 @@ func checkTemplatePolicy(t *testing.T, c *cluster, tmpl *extv1beta1.SandboxTempl
 }
 
 // checkRBAC checks the gate's rights: read what its informers watch,
-// write ConfigMaps (the placeholders), nothing else.
-func checkRBAC(t *testing.T, c *cluster, gate *appsv1.DaemonSet) {
+// cluster-wide; write ConfigMaps (the placeholders) only in the
+// template's namespace; nothing else.
+func checkRBAC(t *testing.T, c *cluster, gate *appsv1.DaemonSet, tmpl *extv1beta1.SandboxTemplate) {
 	t.Helper()
 	sa := gate.Spec.Template.Spec.ServiceAccountName
-	var role string
-	for _, b := range c.bindings {
-		for _, s := range b.Subjects {
+	subject := func(ss []rbacv1.Subject) bool {
+		for _, s := range ss {
 			if s.Kind == "ServiceAccount" && s.Name == sa && s.Namespace == gate.Namespace {
-				role = b.RoleRef.Name
+				return true
+			}
+		}
+		return false
+	}
+	rulesOf := func(role string) []rbacv1.PolicyRule {
+		for _, r := range c.roles {
+			if r.Name == role {
+				return r.Rules
+			}
+		}
+		t.Errorf("no manifest makes ClusterRole %s", role)
+		return nil
+	}
+	rights := func(rules []rbacv1.PolicyRule, into map[string][]string) {
+		for _, r := range rules {
+			if len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
+				t.Errorf("rule %v: resource names or URLs are not expected", r)
+			}
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					into[g+"/"+res] = slices.Sorted(slices.Values(append(into[g+"/"+res], r.Verbs...)))
+				}
 			}
 		}
 	}
-	var rules []rbacv1.PolicyRule
-	for _, r := range c.roles {
-		if r.Name == role {
-			rules = r.Rules
+	compare := func(where string, got, want map[string][]string) {
+		for k, v := range want {
+			if !slices.Equal(got[k], slices.Sorted(slices.Values(v))) {
+				t.Errorf("the gate's rights on %s %s: %v, want %v", k, where, got[k], v)
+			}
+		}
+		for k := range got {
+			if _, ok := want[k]; !ok {
+				t.Errorf("the gate has rights on %s %s, which it does not use", k, where)
+			}
 		}
 	}
-	if len(rules) == 0 {
-		t.Fatalf("no ClusterRole is bound to the gate's ServiceAccount %s", sa)
+	cluster := map[string][]string{}
+	for _, b := range c.bindings {
+		if subject(b.Subjects) {
+			rights(rulesOf(b.RoleRef.Name), cluster)
+		}
 	}
 	read := []string{"get", "list", "watch"}
-	want := map[string][]string{
-		"/pods": read, "/secrets": read, "/configmaps": {"create", "get", "list", "update", "watch"},
+	compare("cluster-wide", cluster, map[string][]string{
+		"/pods": read, "/secrets": read, "/configmaps": read,
 		"agents.x-k8s.io/sandboxes": read, "extensions.agents.x-k8s.io/sandboxclaims": read, "extensions.agents.x-k8s.io/sandboxtemplates": read,
-	}
-	got := map[string][]string{}
-	for _, r := range rules {
-		if len(r.ResourceNames) != 0 || len(r.NonResourceURLs) != 0 {
-			t.Errorf("rule %v: resource names or URLs are not expected", r)
+	})
+	inNS := map[string][]string{}
+	for _, b := range c.nsBindings {
+		if !subject(b.Subjects) {
+			continue
 		}
-		for _, g := range r.APIGroups {
-			for _, res := range r.Resources {
-				got[g+"/"+res] = slices.Sorted(slices.Values(append(got[g+"/"+res], r.Verbs...)))
-			}
+		if b.Namespace != tmpl.Namespace {
+			t.Errorf("RoleBinding %s gives the gate rights in %s, where no gated template is", b.Name, b.Namespace)
 		}
+		rights(rulesOf(b.RoleRef.Name), inNS)
 	}
-	for k, v := range want {
-		if !slices.Equal(got[k], slices.Sorted(slices.Values(v))) {
-			t.Errorf("the gate's rights on %s: %v, want %v", k, got[k], v)
-		}
-	}
-	for k := range got {
-		if _, ok := want[k]; !ok {
-			t.Errorf("the gate has rights on %s, which it does not use", k)
-		}
-	}
+	compare("in "+tmpl.Namespace, inNS, map[string][]string{"/configmaps": {"create", "update"}})
 }

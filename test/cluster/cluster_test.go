@@ -134,6 +134,7 @@ func (e *env) tearDown() {
 	}
 	e.cs.RbacV1().ClusterRoleBindings().Delete(ctx, e.gateNS, metav1.DeleteOptions{})
 	e.cs.RbacV1().ClusterRoles().Delete(ctx, e.gateNS, metav1.DeleteOptions{})
+	e.cs.RbacV1().ClusterRoles().Delete(ctx, e.gateNS+"-publish", metav1.DeleteOptions{})
 	if e.up != nil {
 		e.up.close()
 	}
@@ -189,6 +190,19 @@ func (e *env) deployGate(ctx context.Context, image string) error {
 	if _, err := e.cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: ns},
 		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: ns},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "moat-gate", Namespace: ns}},
+	}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	// The placeholders ConfigMaps are written in the sandboxes' namespace
+	// only (gate-rbac.yaml, examples/sandbox-template.yaml).
+	if _, err := e.cs.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: ns + "-publish"},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"create", "update"}}}}, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	if _, err := e.cs.RbacV1().RoleBindings(e.sbNS).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "moat-gate-publish"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: ns + "-publish"},
 		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Name: "moat-gate", Namespace: ns}},
 	}, metav1.CreateOptions{}); err != nil {
 		return err
@@ -258,7 +272,7 @@ func gateClusterRole(name string) *rbacv1.ClusterRole {
 	return &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}},
-		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch", "create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"agents.x-k8s.io"}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list", "watch"}},
 		{APIGroups: []string{"extensions.agents.x-k8s.io"}, Resources: []string{"sandboxclaims", "sandboxtemplates"}, Verbs: []string{"get", "list", "watch"}},
 	}}
