@@ -14,8 +14,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/forward"
+	"moat.dev/moat/internal/netstack"
 	"moat.dev/moat/internal/state"
 )
 
@@ -88,7 +88,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 				if r.Forwards == nil {
 					r.Forwards = &state.RuntimeForwards{}
 				}
-				err = daemon.ApplyForwardChange(r.Forwards, cfg, args[0], ch)
+				err = forward.ApplyChange(r.Forwards, cfg, args[0], ch)
 				if errors.Is(err, forward.ErrSpec) {
 					return withCode(ExitUsage, err)
 				}
@@ -97,7 +97,7 @@ stays refused. To remove, the port that listens is enough (8080, or 5432 with
 			if err != nil {
 				return err
 			}
-			w := daemon.ForwardOf(forward.Entry{Reverse: reverse, Forward: fw}, "", "")
+			w := forward.Wire(forward.Entry{Reverse: reverse, Forward: fw}, "", "", netstack.Gateway)
 			verb := map[string]string{"add": "forwarding", "remove": "removed"}[op]
 			fmt.Fprintf(os.Stderr, "moat: %s %s → %s for %s\n", verb, describeListen(w), describeTarget(w), args[0])
 			if !running && op == "add" {
@@ -180,7 +180,7 @@ func forwardsOf(dir string, rec *state.Record) ([]control.Forward, error) {
 	}
 	out := []control.Forward{}
 	for _, e := range forward.Entries(cfg.Forwards, rec.Forwards) {
-		out = append(out, daemon.ForwardOf(e, "stopped", ""))
+		out = append(out, forward.Wire(e, "stopped", "", netstack.Gateway))
 	}
 	return out, nil
 }

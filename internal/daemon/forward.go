@@ -51,7 +51,7 @@ type forwards struct {
 
 	// mu serialises changes and guards the listeners below.
 	mu     sync.Mutex
-	local  map[uint16]*localForward // listening host → guest forwards, by host port
+	local  map[uint16]*forward.Held // listening host → guest forwards, by host port
 	failed map[uint16]string        // host → guest forwards that could not listen, why
 	wg     sync.WaitGroup           // the accept loops and their connections
 
@@ -61,15 +61,6 @@ type forwards struct {
 	rconns map[net.Conn]uint16
 }
 
-// localForward is one host → guest listener and its open connections,
-// closed together when the forward is removed.
-type localForward struct {
-	entry forward.Entry
-	ln    net.Listener
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-}
 
 // startForwards starts the forwards the sandbox has (its configuration's
 // and its runtime ones) and installs the reverse ones in the netstack. A
@@ -78,7 +69,7 @@ type localForward struct {
 // The returned function stops them all.
 func (d *daemon) startForwards(ctx context.Context) func() {
 	f := &forwards{d: d, ctx: ctx, log: d.log.With("component", "forward"),
-		local: map[uint16]*localForward{}, failed: map[uint16]string{}, rconns: map[net.Conn]uint16{}}
+		local: map[uint16]*forward.Held{}, failed: map[uint16]string{}, rconns: map[net.Conn]uint16{}}
 	f.table.Store(&forward.Table{})
 	d.fwd = f
 	d.stack.SetGateway(f)
@@ -111,7 +102,7 @@ func (f *forwards) stop() {
 	f.d.stack.SetGateway(nil)
 	f.mu.Lock()
 	for port, lf := range f.local {
-		lf.close()
+		lf.Close()
 		delete(f.local, port)
 	}
 	f.mu.Unlock()
@@ -129,8 +120,8 @@ func (f *forwards) sync(es []forward.Entry) {
 		}
 	}
 	for port, lf := range f.local {
-		if e, ok := want[port]; !ok || e.Forward != lf.entry.Forward {
-			lf.close()
+		if e, ok := want[port]; !ok || e.Forward != lf.Entry.Forward {
+			lf.Close()
 			delete(f.local, port)
 		}
 	}
@@ -160,17 +151,17 @@ func (f *forwards) sync(es []forward.Entry) {
 }
 
 // listen starts one host → guest forward.
-func (f *forwards) listen(e forward.Entry) (*localForward, error) {
+func (f *forwards) listen(e forward.Entry) (*forward.Held, error) {
 	addr := net.JoinHostPort(e.ListenAddress(), strconv.Itoa(int(e.Host)))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add %s %d:%d",
-				e.Host, e.ListenAddress(), e.Host, filepath.Base(f.d.o.Dir), nextPort(e.Host), e.Guest)
+				e.Host, e.ListenAddress(), e.Host, filepath.Base(f.d.o.Dir), forward.NextPort(e.Host), e.Guest)
 		}
 		return nil, fmt.Errorf("listening on %s for the forward to guest port %d: %w", addr, e.Guest, err)
 	}
-	lf := &localForward{entry: e, ln: ln, conns: map[net.Conn]struct{}{}}
+	lf := forward.NewHeld(e, ln)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -180,106 +171,39 @@ func (f *forwards) listen(e forward.Entry) (*localForward, error) {
 	return lf, nil
 }
 
-func nextPort(p uint16) uint16 {
-	if p == 65535 {
-		return 1024
-	}
-	return p + 1
-}
-
-func (f *forwards) accept(lf *localForward) {
+func (f *forwards) accept(lf *forward.Held) {
 	for {
-		c, err := lf.ln.Accept()
+		c, err := lf.Ln.Accept()
 		if err != nil {
 			return // closed: the forward was removed or the daemon stops
 		}
-		if !lf.track(c) {
+		if !lf.Track(c) {
 			c.Close()
 			return
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			defer lf.untrack(c)
+			defer lf.Untrack(c)
 			ctx, cancel := context.WithTimeout(f.ctx, forwardDialTimeout)
-			g, err := f.d.stack.DialGuest(ctx, lf.entry.Guest)
+			g, err := f.d.stack.DialGuest(ctx, lf.Entry.Guest)
 			cancel()
 			if err != nil {
 				// Nothing listens on the guest's port (yet): the host's
 				// client sees its connection closed at once.
-				f.log.Debug("forward: dialing the guest", "guest_port", lf.entry.Guest, "err", err)
+				f.log.Debug("forward: dialing the guest", "guest_port", lf.Entry.Guest, "err", err)
 				c.Close()
 				return
 			}
-			if !lf.track(g) {
+			if !lf.Track(g) {
 				g.Close()
 				c.Close()
 				return
 			}
-			defer lf.untrack(g)
-			join(c, g)
+			defer lf.Untrack(g)
+			forward.Join(c, g)
 		}()
 	}
-}
-
-// track adds c to the connections a remove closes; false once the
-// forward is closed.
-func (lf *localForward) track(c net.Conn) bool {
-	lf.mu.Lock()
-	defer lf.mu.Unlock()
-	if lf.conns == nil {
-		return false
-	}
-	lf.conns[c] = struct{}{}
-	return true
-}
-
-func (lf *localForward) untrack(c net.Conn) {
-	lf.mu.Lock()
-	defer lf.mu.Unlock()
-	delete(lf.conns, c)
-}
-
-// close stops the listener and cuts the forward's connections: a removed
-// forward is gone, not half there until its last client leaves.
-func (lf *localForward) close() {
-	lf.ln.Close()
-	lf.mu.Lock()
-	conns := lf.conns
-	lf.conns = nil
-	lf.mu.Unlock()
-	for c := range conns {
-		c.Close()
-	}
-}
-
-// join copies both ways until both sides have finished, passing on each
-// side's EOF as a half-close, so protocols that shut down their writing
-// side first (an HTTP/1.0 client, `nc -N`) still get their answer. An error
-// on either side (a reset) ends both. It returns the bytes a→b and b→a.
-func join(a, b net.Conn) (ab, ba int64) {
-	var wg sync.WaitGroup
-	var once sync.Once
-	cut := func() { once.Do(func() { a.Close(); b.Close() }) }
-	half := func(dst, src net.Conn, n *int64) {
-		defer wg.Done()
-		var err error
-		*n, err = io.Copy(dst, src)
-		if err != nil {
-			cut()
-			return
-		}
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-			return
-		}
-		cut()
-	}
-	wg.Add(2)
-	go half(b, a, &ab)
-	go half(a, b, &ba)
-	wg.Wait()
-	cut()
-	return ab, ba
 }
 
 // Open is netstack.GatewayPorts.Open: a gateway port is open when a
@@ -342,7 +266,7 @@ func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Con
 		delete(f.rconns, g)
 		f.rmu.Unlock()
 	}()
-	rec.BytesUp, rec.BytesDown = join(g, h)
+	rec.BytesUp, rec.BytesDown = forward.Join(g, h)
 	rec.DurationMS = time.Since(start).Milliseconds()
 	f.audit(rec)
 }
@@ -393,50 +317,9 @@ func (f *forwards) list() ([]control.Forward, error) {
 				status = "stopped"
 			}
 		}
-		out = append(out, ForwardOf(e, status, why))
+		out = append(out, forward.Wire(e, status, why, netstack.Gateway))
 	}
 	return out, nil
-}
-
-// ForwardOf is an entry in its wire form.
-func ForwardOf(e forward.Entry, status, why string) control.Forward {
-	w := control.Forward{Host: e.Host, Guest: e.Guest, Spec: e.Spec(), Source: e.Source, Status: status, Error: why}
-	if e.Reverse {
-		w.Direction = control.ToHost
-		w.Listen = gatewayDst(e.Guest)
-		w.Target = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), e.Host).String()
-	} else {
-		w.Direction = control.ToGuest
-		w.Listen = net.JoinHostPort(e.ListenAddress(), strconv.Itoa(int(e.Host)))
-		w.Target = "guest:" + strconv.Itoa(int(e.Guest))
-	}
-	return w
-}
-
-// ApplyForwardChange changes the runtime forwards in rt (the record's) as
-// ch says, against the configuration's forwards cfg.
-func ApplyForwardChange(rt *state.RuntimeForwards, cfg config.Config, sandbox string, ch control.ForwardChange) error {
-	fw, pair, err := forward.Parse(ch.Spec)
-	if err != nil {
-		return err
-	}
-	switch ch.Op {
-	case "add":
-		if fw.Address, err = forward.CheckAddress(ch.Address); err != nil {
-			return err
-		}
-		if ch.Reverse {
-			if err := forward.CheckMCP(cfg.Network.MCP, fw); err != nil {
-				return err
-			}
-		}
-		return forward.Add(rt, cfg.Forwards, sandbox, ch.Reverse, fw)
-	case "remove":
-		_, err := forward.Remove(rt, cfg.Forwards, sandbox, ch.Reverse, fw, pair)
-		return err
-	default:
-		return fmt.Errorf("%w: unknown operation %q: use add or remove", forward.ErrSpec, ch.Op)
-	}
 }
 
 // change applies a change live and keeps it in the record: the record is
@@ -456,7 +339,7 @@ func (f *forwards) change(ch control.ForwardChange) error {
 			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
 		}
 		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := ApplyForwardChange(rt, cfg, filepath.Base(f.d.o.Dir), ch); err != nil {
+		if err := forward.ApplyChange(rt, cfg, filepath.Base(f.d.o.Dir), ch); err != nil {
 			return err
 		}
 		f.sync(forward.Entries(cfg.Forwards, rt))

@@ -55,19 +55,9 @@ type forwarder struct {
 
 	// mu serialises changes and guards the listeners.
 	mu     sync.Mutex
-	open   map[fkey]*held
+	open   map[fkey]*forward.Held
 	failed map[fkey]string
 	wg     sync.WaitGroup // accept loops and their connections
-}
-
-// held is one listening forward and its open connections, closed
-// together when the forward is removed.
-type held struct {
-	entry forward.Entry
-	ln    net.Listener
-
-	mu    sync.Mutex
-	conns map[net.Conn]struct{} // nil once closed
 }
 
 func keyOf(e forward.Entry) fkey { return fkey{e.Reverse, e.ListenPort()} }
@@ -95,8 +85,8 @@ func (f *forwarder) sync(es []forward.Entry) {
 		want[keyOf(e)] = e
 	}
 	for k, h := range f.open {
-		if e, ok := want[k]; !ok || e.Forward != h.entry.Forward {
-			h.close()
+		if e, ok := want[k]; !ok || e.Forward != h.Entry.Forward {
+			h.Close()
 			delete(f.open, k)
 		}
 	}
@@ -117,7 +107,7 @@ func (f *forwarder) sync(es []forward.Entry) {
 
 // listen starts one forward: host → guest on the host, guest → host in
 // the workload's namespace.
-func (f *forwarder) listen(e forward.Entry) (*held, error) {
+func (f *forwarder) listen(e forward.Entry) (*forward.Held, error) {
 	var ln net.Listener
 	var err error
 	if e.Reverse {
@@ -128,7 +118,7 @@ func (f *forwarder) listen(e forward.Entry) (*held, error) {
 		if ln, err = f.listenIn(addr); err != nil {
 			if errors.Is(err, syscall.EADDRINUSE) {
 				return nil, fmt.Errorf("port %d of %s is taken by a program in the sandbox; stop it, or pick another: moat forward add --reverse %s %d:%d",
-					e.Guest, dockerrt.ReverseAddr, f.name, e.Host, nextPort(e.Guest))
+					e.Guest, dockerrt.ReverseAddr, f.name, e.Host, forward.NextPort(e.Guest))
 			}
 			return nil, fmt.Errorf("listening on %s in the workload for the forward to host port %d: %w", addr, e.Host, err)
 		}
@@ -137,12 +127,12 @@ func (f *forwarder) listen(e forward.Entry) (*held, error) {
 		if ln, err = net.Listen("tcp", addr); err != nil {
 			if errors.Is(err, syscall.EADDRINUSE) {
 				return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add %s %d:%d",
-					e.Host, e.ListenAddress(), e.Host, f.name, nextPort(e.Host), e.Guest)
+					e.Host, e.ListenAddress(), e.Host, f.name, forward.NextPort(e.Host), e.Guest)
 			}
 			return nil, fmt.Errorf("listening on %s for the forward to guest port %d: %w", addr, e.Guest, err)
 		}
 	}
-	h := &held{entry: e, ln: ln, conns: map[net.Conn]struct{}{}}
+	h := forward.NewHeld(e, ln)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
@@ -150,13 +140,6 @@ func (f *forwarder) listen(e forward.Entry) (*held, error) {
 	}()
 	f.log.Info("forward listening", "listen", ln.Addr().String(), "spec", e.Spec(), "reverse", e.Reverse)
 	return h, nil
-}
-
-func nextPort(p uint16) uint16 {
-	if p == 65535 {
-		return 1024
-	}
-	return p + 1
 }
 
 // target is where a forward's connections go: the workload's port on
@@ -169,92 +152,38 @@ func (f *forwarder) target(e forward.Entry) string {
 	return netip.AddrPortFrom(f.workload, e.Guest).String()
 }
 
-func (f *forwarder) accept(h *held) {
+func (f *forwarder) accept(h *forward.Held) {
 	for {
-		c, err := h.ln.Accept()
+		c, err := h.Ln.Accept()
 		if err != nil {
 			return // closed: the forward was removed or the forwarder ends
 		}
-		if !h.track(c) {
+		if !h.Track(c) {
 			c.Close()
 			return
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			defer h.untrack(c)
+			defer h.Untrack(c)
 			d := net.Dialer{Timeout: forwardDialTimeout}
-			o, err := d.DialContext(f.ctx, "tcp4", f.target(h.entry))
+			o, err := d.DialContext(f.ctx, "tcp4", f.target(h.Entry))
 			if err != nil {
 				// Nothing listens there: the client sees its connection
 				// closed at once.
-				f.log.Debug("forward: dialing", "to", f.target(h.entry), "err", err)
+				f.log.Debug("forward: dialing", "to", f.target(h.Entry), "err", err)
 				c.Close()
 				return
 			}
-			if !h.track(o) {
+			if !h.Track(o) {
 				o.Close()
 				c.Close()
 				return
 			}
-			defer h.untrack(o)
-			join(c, o)
+			defer h.Untrack(o)
+			forward.Join(c, o)
 		}()
 	}
-}
-
-func (h *held) track(c net.Conn) bool {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.conns == nil {
-		return false
-	}
-	h.conns[c] = struct{}{}
-	return true
-}
-
-func (h *held) untrack(c net.Conn) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	delete(h.conns, c)
-}
-
-// close stops the listener and cuts the forward's connections: a
-// removed forward is gone, not half there until its last client leaves.
-func (h *held) close() {
-	h.ln.Close()
-	h.mu.Lock()
-	conns := h.conns
-	h.conns = nil
-	h.mu.Unlock()
-	for c := range conns {
-		c.Close()
-	}
-}
-
-// join copies both ways until both sides have finished, passing each
-// side's EOF on as a half-close (as the gVisor daemon's join does); an
-// error on either side ends both.
-func join(a, b net.Conn) {
-	var wg sync.WaitGroup
-	var once sync.Once
-	cut := func() { once.Do(func() { a.Close(); b.Close() }) }
-	half := func(dst, src net.Conn) {
-		defer wg.Done()
-		if _, err := io.Copy(dst, src); err != nil {
-			cut()
-			return
-		}
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-			return
-		}
-		cut()
-	}
-	wg.Add(2)
-	go half(b, a)
-	go half(a, b)
-	wg.Wait()
-	cut()
 }
 
 // list is the forwards in force with their status, as a daemon's.
@@ -276,53 +205,9 @@ func (f *forwarder) list() ([]control.Forward, error) {
 		} else if _, ok := f.open[keyOf(e)]; !ok {
 			status = "stopped"
 		}
-		out = append(out, wireForward(e, status, why))
+		out = append(out, forward.Wire(e, status, why, dockerrt.ReverseAddr))
 	}
 	return out, nil
-}
-
-// wireForward is an entry in the control API's form; the same as the
-// gVisor daemon's (daemon.ForwardOf), whose package moat-docker does not
-// link.
-func wireForward(e forward.Entry, status, why string) control.Forward {
-	w := control.Forward{Host: e.Host, Guest: e.Guest, Spec: e.Spec(), Source: e.Source, Status: status, Error: why}
-	if e.Reverse {
-		w.Direction = control.ToHost
-		w.Listen = netip.AddrPortFrom(dockerrt.ReverseAddr, e.Guest).String()
-		w.Target = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), e.Host).String()
-	} else {
-		w.Direction = control.ToGuest
-		w.Listen = net.JoinHostPort(e.ListenAddress(), strconv.Itoa(int(e.Host)))
-		w.Target = "guest:" + strconv.Itoa(int(e.Guest))
-	}
-	return w
-}
-
-// applyChange changes the runtime forwards rt as ch says (the same rules
-// as the gVisor daemon's daemon.ApplyForwardChange: internal/forward).
-func applyChange(rt *state.RuntimeForwards, cfg config.Config, sandbox string, ch control.ForwardChange) error {
-	fw, pair, err := forward.Parse(ch.Spec)
-	if err != nil {
-		return err
-	}
-	switch ch.Op {
-	case "add":
-		if fw.Address, err = forward.CheckAddress(ch.Address); err != nil {
-			return err
-		}
-		if ch.Reverse {
-			// A host-local MCP server's port: a forward would reach it
-			// around the gate's rules for its calls.
-			if err := forward.CheckMCP(cfg.Network.MCP, fw); err != nil {
-				return err
-			}
-		}
-		return forward.Add(rt, cfg.Forwards, sandbox, ch.Reverse, fw)
-	case "remove":
-		_, err := forward.Remove(rt, cfg.Forwards, sandbox, ch.Reverse, fw, pair)
-		return err
-	}
-	return fmt.Errorf("%w: unknown operation %q: use add or remove", forward.ErrSpec, ch.Op)
 }
 
 // change applies a change live and keeps it in the record, which is
@@ -342,7 +227,7 @@ func (f *forwarder) change(ch control.ForwardChange) error {
 			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
 		}
 		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := applyChange(rt, cfg, f.name, ch); err != nil {
+		if err := forward.ApplyChange(rt, cfg, f.name, ch); err != nil {
 			return err
 		}
 		f.sync(forward.Entries(cfg.Forwards, rt))
@@ -459,7 +344,7 @@ func Forward(ctx context.Context, dir string, pid int) error {
 		return err
 	}
 	f := &forwarder{dir: dir, name: r.Name, workload: r.WorkloadIP, ctx: ctx, log: log,
-		open: map[fkey]*held{}, failed: map[fkey]string{}}
+		open: map[fkey]*forward.Held{}, failed: map[fkey]string{}}
 	if r.Runtime != "runsc" {
 		in, err := workloadListener(pid)
 		if err != nil {
@@ -491,7 +376,7 @@ func Forward(ctx context.Context, dir string, pid int) error {
 	os.Remove(sock)
 	f.mu.Lock()
 	for k, h := range f.open {
-		h.close()
+		h.Close()
 		delete(f.open, k)
 	}
 	f.mu.Unlock()

@@ -1,4 +1,4 @@
-package daemon
+package forward
 
 import (
 	"io"
@@ -42,7 +42,7 @@ func TestJoinHalfClose(t *testing.T) {
 	type counts struct{ ab, ba int64 }
 	done := make(chan counts, 1)
 	go func() {
-		ab, ba := join(a, b)
+		ab, ba := Join(a, b)
 		done <- counts{ab, ba}
 	}()
 	deadline := time.Now().Add(10 * time.Second)
@@ -68,10 +68,10 @@ func TestJoinHalfClose(t *testing.T) {
 	select {
 	case c := <-done:
 		if want := (counts{7, 10}); c != want {
-			t.Errorf("join counted %+v, want %+v", c, want)
+			t.Errorf("Join counted %+v, want %+v", c, want)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("join did not return after both sides finished")
+		t.Fatal("Join did not return after both sides finished")
 	}
 }
 
@@ -81,7 +81,7 @@ func TestJoinResetEndsBoth(t *testing.T) {
 	client, a := tcpPair(t)
 	b, server := tcpPair(t)
 	done := make(chan struct{})
-	go func() { join(a, b); close(done) }()
+	go func() { Join(a, b); close(done) }()
 	server.(*net.TCPConn).SetLinger(0)
 	server.Close() // an RST towards b
 	client.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -91,6 +91,6 @@ func TestJoinResetEndsBoth(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		t.Fatal("join did not return after a reset")
+		t.Fatal("Join did not return after a reset")
 	}
 }
