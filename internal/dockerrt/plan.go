@@ -124,6 +124,9 @@ func GateConfig(subnet netip.Prefix, gate, workload netip.Addr, upstream []netip
 		fmt.Fprintf(&b, "[upstream]\ndns = [%s]\n\n", strings.Join(us, ", "))
 	}
 	fmt.Fprintf(&b, "[tenants.%s]\nsources = [\"%s\"]\npolicy = [%q, %q]\n", tenant, workload, gatePresets, gatePolicy)
+	// Refusal pages: the workload's rules come from the project's
+	// moat.toml and the user's config.toml, copied in at each session.
+	fmt.Fprintf(&b, "rules_at = %q\n", "moat.toml or your config.toml, applied at the next session")
 	if len(pushed) > 0 {
 		var ps []string
 		for _, p := range pushed {

@@ -35,7 +35,6 @@ package gate
 import (
 	"context"
 	"crypto/x509"
-	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
@@ -51,7 +50,12 @@ import (
 
 // Options configure a Gate.
 type Options struct {
-	Sandbox   string
+	Sandbox string
+	// RulesAt is where this gate's allow rules are kept when it is not a
+	// moat sandbox's (a gate service tenant's policy file, a cluster
+	// template's policy ConfigMap): a refusal page names it instead of
+	// the `moat network allow` command, which does not exist there.
+	RulesAt   string
 	Policy    *policy.Policy // nil: deny everything (fail closed)
 	Resolver  *Resolver
 	HostAddrs func() []netip.Addr // the host's own addresses, refused like loopback
@@ -558,10 +562,8 @@ func (g *Gate) RunPreresolve(ctx context.Context) {
 	}
 }
 
-// AllowCommand is the command a person types to allow name for sandbox.
-func AllowCommand(sandbox, name string, port uint16) string {
-	return fmt.Sprintf("moat network allow %s %s", sandbox, policy.AllowEntry(name, netip.Addr{}, port))
-}
+// allowEntry is the [network] allow entry for name and port.
+func allowEntry(name string, port uint16) string { return policy.AllowEntry(name, netip.Addr{}, port) }
 
 func isNil(v any) bool {
 	if v == nil {

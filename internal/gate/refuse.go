@@ -54,12 +54,19 @@ func (g *Gate) refusalFor(host string, port uint16, rec audit.Record, request bo
 		g.o.Sandbox, what, port, reasonText(rec))
 	switch {
 	case rec.Reason == "" || rec.Reason == audit.ReasonBlocked || rec.Reason.Is(audit.ReasonNoRule):
-		cmd := AllowCommand(g.o.Sandbox, host, port)
+		entry := allowEntry(host, port)
 		if request && rec.Method != "" {
-			cmd = allowRequestCommand(g.o.Sandbox, host, port, rec.Method, rec.Path)
+			entry = requestEntry(host, port, rec.Method, rec.Path)
 		}
-		if cmd != "" {
-			r.body += fmt.Sprintf("To allow it, run on the host:\n\n    %s\n", cmd)
+		switch {
+		case entry == "":
+		case g.o.RulesAt != "":
+			r.body += fmt.Sprintf("To allow it, add to the [network] allow list in %s:\n\n    %q\n", g.o.RulesAt, entry)
+		default:
+			if strings.Contains(entry, " ") {
+				entry = "'" + entry + "'"
+			}
+			r.body += fmt.Sprintf("To allow it, run on the host:\n\n    moat network allow %s %s\n", g.o.Sandbox, entry)
 		}
 	case rec.Reason.Is(audit.ReasonBadHead):
 		r.status = http.StatusBadRequest
@@ -114,13 +121,13 @@ func reasonText(r audit.Record) string {
 	return string(r.Reason)
 }
 
-// allowRequestCommand is the command that allows one request: a request
-// rule for its method and exact path. "" when the path cannot be written
-// as a rule (it does not normalize, or the audit cut it).
-func allowRequestCommand(sandbox, host string, port uint16, method, path string) string {
+// requestEntry is the allow entry for one request: a request rule for
+// its method and exact path. "" when the path cannot be written as a rule
+// (it does not normalize, or the audit cut it).
+func requestEntry(host string, port uint16, method, path string) string {
 	p, err := policy.NormalizePath(path)
 	if err != nil || strings.ContainsAny(p, "*?\"'") || strings.HasSuffix(path, "…") {
 		return ""
 	}
-	return fmt.Sprintf("moat network allow %s '%s %s%s'", sandbox, method, policy.AllowEntry(host, netip.Addr{}, port), p)
+	return fmt.Sprintf("%s %s%s", method, allowEntry(host, port), p)
 }

@@ -89,6 +89,11 @@ type Tenant struct {
 	// service does not read from their source: they come over the
 	// control socket, in memory only (control.go).
 	Pushed []string
+	// RulesAt is where a person adds an allow rule for the tenant, which
+	// its refusal pages name: the last (top) policy file unless the
+	// configuration says otherwise (moat's Docker runtime names the
+	// project's files; a cluster template, its policy ConfigMap).
+	RulesAt string
 }
 
 // defaultUID is nobody's: a uid that owns nothing.
@@ -136,6 +141,7 @@ type rawTenant struct {
 	Audit        *string  `toml:"audit"`
 	Placeholders *string  `toml:"placeholders"`
 	Pushed       []string `toml:"pushed"`
+	RulesAt      *string  `toml:"rules_at"`
 }
 
 // ErrInvalid is matched by every error about the file's content.
@@ -362,6 +368,12 @@ func (c *checker) check(raw *rawConfig) *Config {
 		}
 		for _, p := range rt.Policy {
 			t.Policy = append(t.Policy, c.absPath(key+".policy", p))
+		}
+		if len(t.Policy) > 0 {
+			t.RulesAt = t.Policy[len(t.Policy)-1]
+		}
+		if rt.RulesAt != nil {
+			t.RulesAt = *rt.RulesAt
 		}
 		if cfg.StateDir != "" {
 			t.Audit = filepath.Join(cfg.StateDir, "audit", name+".jsonl")

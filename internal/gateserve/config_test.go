@@ -24,6 +24,7 @@ policy = ["/etc/moat-gate/alpha.toml"]
 sources = ["10.0.2.7"]
 policy = ["/etc/moat-gate/base.toml", "/etc/moat-gate/beta.toml"]
 audit = "/var/log/beta.jsonl"
+rules_at = "beta's repository, policy/gate.toml"
 `
 
 func TestParseConfig(t *testing.T) {
@@ -52,6 +53,14 @@ func TestParseConfig(t *testing.T) {
 	if got := cfg.Tenants[1].Sources; len(got) != 1 || got[0] != netip.MustParsePrefix("10.0.2.7/32") {
 		t.Errorf("beta's sources = %v", got)
 	}
+	// What refusal pages name as the place for an allow rule: the top
+	// policy file, unless rules_at says.
+	if got := cfg.Tenants[0].RulesAt; got != "/etc/moat-gate/alpha.toml" {
+		t.Errorf("alpha's rules_at = %q", got)
+	}
+	if got := cfg.Tenants[1].RulesAt; got != "beta's repository, policy/gate.toml" {
+		t.Errorf("beta's rules_at = %q", got)
+	}
 }
 
 func TestParseConfigErrors(t *testing.T) {
@@ -60,7 +69,7 @@ func TestParseConfigErrors(t *testing.T) {
 		want       []string // in the error's text
 	}{
 		{"unknown key", goodConfig + "\n[tenants.gamma]\nsource = [\"10.0.3.0/24\"]\n",
-			[]string{"gate.toml:20:", "unknown key tenants.gamma.source"}},
+			[]string{"gate.toml:21:", "unknown key tenants.gamma.source"}},
 		{"wrong type", strings.Replace(goodConfig, `dns = ["10.0.0.1:53"]`, `dns = "10.0.0.1:53"`, 1),
 			[]string{"gate.toml:6:"}},
 		{"overlap", strings.Replace(goodConfig, `"10.0.2.7"`, `"10.0.1.7"`, 1),

@@ -344,7 +344,8 @@ func (k *kubeSource) build(b kubeBinding, used map[string]*rulesResult) (*tenant
 			}
 		}
 	}
-	tc := Tenant{Name: b.id.Namespace + "/" + b.id.Template, Pushed: names}
+	tc := Tenant{Name: b.id.Namespace + "/" + b.id.Template, Pushed: names,
+		RulesAt: fmt.Sprintf("ConfigMap %s/%s (key %s)", b.policy.Namespace, b.policy.Name, PolicyKey)}
 	set, pending, err := resolveTenant(tc, r, ph, values)
 	if err != nil {
 		return nil, fmt.Errorf("reading its secrets from Secret %s: %w", boundSecretName(b), err)

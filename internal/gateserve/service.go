@@ -390,6 +390,7 @@ func (s *Service) assemble(tc Tenant, sandbox string, r *rules, creds *credentia
 	host := s.host
 	t.gate = gate.New(gate.Options{
 		Sandbox:        sandbox,
+		RulesAt:        tc.RulesAt,
 		Policy:         r.policy,
 		Resolver:       s.res,
 		HostAddrs:      func() []netip.Addr { return host },
