@@ -55,6 +55,12 @@ func newClientNS(t *testing.T, k int) *clientNS {
 	}
 	run("netns", "add", c.name)
 	t.Cleanup(func() {
+		// The host's end first: a process that made a mount namespace
+		// of its own while this one's name was mounted (any sandbox's
+		// shim or keeper on the machine) keeps the namespace, and with
+		// it the pair and its route, after ip netns del; deleting
+		// either end of a veth deletes both.
+		exec.Command("ip", "link", "del", c.hostIf).Run()
 		if out, err := exec.Command("ip", "netns", "del", c.name).CombinedOutput(); err != nil {
 			t.Errorf("removing namespace %s: %v: %s", c.name, err, out)
 		}
@@ -69,10 +75,20 @@ func newClientNS(t *testing.T, k int) *clientNS {
 	return c
 }
 
-// removeStaleNS removes the namespaces of test processes that died before
-// their cleanups ran (moat-gs-<pid>-<k> whose pid is gone): their routes
-// would take the next run's packets.
+// removeStaleNS removes the namespaces and host links of test processes
+// that died before their cleanups ran (moat-gs-<pid>-<k>, mgs<pid in base
+// 36>x<k>): their routes would take the next run's packets. A pid counts
+// as alive only while it is still this package's test binary: pids are
+// reused, and a namespace left by a process whose pid another has now
+// would otherwise stay for ever. A link outlives its namespace's name
+// while some process still has the namespace open; deleting the host end
+// takes the pair and its route.
 func removeStaleNS(t *testing.T) {
+	self, _ := os.ReadFile("/proc/self/comm")
+	alive := func(pid string) bool {
+		comm, err := os.ReadFile("/proc/" + pid + "/comm")
+		return err == nil && string(comm) == string(self)
+	}
 	ents, _ := os.ReadDir("/run/netns")
 	for _, e := range ents {
 		rest, ok := strings.CutPrefix(e.Name(), "moat-gs-")
@@ -80,11 +96,29 @@ func removeStaleNS(t *testing.T) {
 			continue
 		}
 		pid, _, _ := strings.Cut(rest, "-")
-		if _, err := os.Stat("/proc/" + pid); err == nil {
+		if alive(pid) {
 			continue
 		}
 		if out, err := exec.Command("ip", "netns", "del", e.Name()).CombinedOutput(); err != nil {
 			t.Logf("removing the leftover namespace %s: %v: %s", e.Name(), err, out)
+		}
+	}
+	links, _ := os.ReadDir("/sys/class/net")
+	for _, l := range links {
+		rest, ok := strings.CutPrefix(l.Name(), "mgs")
+		if !ok {
+			continue
+		}
+		i := strings.LastIndexByte(rest, 'x') // a base-36 pid may hold an x; k does not
+		if i <= 0 {
+			continue
+		}
+		pid, err := strconv.ParseInt(rest[:i], 36, 64)
+		if _, kerr := strconv.Atoi(rest[i+1:]); err != nil || kerr != nil || alive(strconv.FormatInt(pid, 10)) {
+			continue
+		}
+		if out, err := exec.Command("ip", "link", "del", l.Name()).CombinedOutput(); err != nil {
+			t.Logf("removing the leftover link %s: %v: %s", l.Name(), err, out)
 		}
 	}
 }
