@@ -61,7 +61,6 @@ type forwards struct {
 	rconns map[net.Conn]uint16
 }
 
-
 // startForwards starts the forwards the sandbox has (its configuration's
 // and its runtime ones) and installs the reverse ones in the netstack. A
 // host port that cannot be listened on does not stop the sandbox: the

@@ -13,7 +13,7 @@ import (
 	"moat.dev/moat/internal/gateserve"
 )
 
-// TestClaimToFirstOutput measures issue 21's benchmark: from creating a
+// TestClaimToFirstOutput measures the claim-to-output benchmark (docs/kubernetes.md): from creating a
 // claim on a warm pool to the first output of a command in the sandbox
 // that fetches a page, through the gate (template beta: DNS and HTTP
 // through the gate) and without it (a template the gate does not serve,

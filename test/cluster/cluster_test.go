@@ -1,5 +1,5 @@
 // Package cluster tests moat's gate on a real Kubernetes cluster with
-// agent-sandbox (issue 21): the gate service as a DaemonSet whose tenants
+// agent-sandbox (docs/kubernetes.md, "The cluster tests"): the gate service as a DaemonSet whose tenants
 // are sandbox pods, known by their address through its informers.
 //
 // It needs root and the test cluster (scripts/cluster.sh up), and runs

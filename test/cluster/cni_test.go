@@ -1,6 +1,6 @@
 //go:build linux
 
-// The moat-cni half of the cluster tests (issue 21 item 3):
+// The moat-cni half of the cluster tests (docs/kubernetes.md, "Egress enforced outside the sandbox"):
 //
 //	scripts/cluster.sh up
 //	MOAT_CLUSTER=1 go test -count=1 -v ./test/cluster -run TestCNI
