@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"testing"
@@ -138,7 +139,13 @@ policy = ["%[1]s/beta.toml"]
 	f.svc = svc
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { svc.Serve(ctx); close(done) }()
+	go func() {
+		// Labelled for the CPU profiles of bench/gate-service.sh: the
+		// service's goroutines and those they start, apart from the
+		// upstream's in the same process.
+		pprof.Do(ctx, pprof.Labels("moat", "service"), func(ctx context.Context) { svc.Serve(ctx) })
+		close(done)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		select {
