@@ -30,6 +30,7 @@ const (
 )
 
 const usage = `Usage: moat-gate serve --config FILE
+       moat-gate audit-follow FILE
        moat-gate version
 
 Run the gate service described by FILE (TOML; see docs/gate-service.md) until
@@ -40,6 +41,10 @@ tenant's rules and secrets without dropping open connections.
 The CA's certificate (public part) is written to service.ca_cert for clients
 to trust. Logs go to stderr as JSON lines; decisions go to each tenant's audit
 log.
+
+audit-follow prints the records of the audit log FILE as JSON lines, from
+the start of its current file, then each new one: the gate pod's "audit"
+container on Kubernetes, whose log moat network audit reads.
 
 Examples:
   sudo moat-gate serve --config /etc/moat-gate/gate.toml
@@ -59,6 +64,19 @@ func run(args []string, stderr io.Writer) int {
 		return 0
 	case "-h", "--help", "help":
 		fmt.Fprint(os.Stdout, usage)
+		return 0
+	case "audit-follow":
+		// The gate pod's "audit" container (gateserve.FollowAudit).
+		if len(args) != 3 {
+			fmt.Fprintln(stderr, "moat-gate: audit-follow FILE; see: moat-gate --help")
+			return exitUsage
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := gateserve.FollowAudit(ctx, args[2], os.Stdout); err != nil {
+			fmt.Fprintln(stderr, "moat-gate:", err)
+			return exitError
+		}
 		return 0
 	case "serve":
 	default:

@@ -253,9 +253,10 @@ func objs[T metav1.Object](list []T) []metav1.Object {
 func checkGatePod(t *testing.T, d *appsv1.DaemonSet) *corev1.Container {
 	t.Helper()
 	spec := d.Spec.Template.Spec
-	if len(spec.Containers) != 1 || len(spec.InitContainers) != 0 {
-		t.Fatalf("DaemonSet %s: %d containers and %d init containers, want the gate alone", d.Name, len(spec.Containers), len(spec.InitContainers))
+	if len(spec.Containers) != 2 || len(spec.InitContainers) != 0 || spec.Containers[0].Name != "gate" || spec.Containers[1].Name != "audit" {
+		t.Fatalf("DaemonSet %s: %d containers and %d init containers, want the gate and its audit follower", d.Name, len(spec.Containers), len(spec.InitContainers))
 	}
+	checkAuditContainer(t, &spec.Containers[1])
 	ctr := &spec.Containers[0]
 	if ctr.Image != "moat-gate:dev" || ctr.ImagePullPolicy != corev1.PullNever {
 		t.Errorf("gate image %q pulled %q, want moat-gate:dev, Never (built and loaded locally)", ctr.Image, ctr.ImagePullPolicy)
@@ -323,6 +324,28 @@ func checkGatePod(t *testing.T, d *appsv1.DaemonSet) *corev1.Container {
 		}
 	}
 	return ctr
+}
+
+// checkAuditContainer checks the container whose log is the node's audit
+// records (moat network audit reads it): the gate's image following the
+// audit file, read-only, as the jailed gate's uid, without capabilities.
+func checkAuditContainer(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	if c.Image != "moat-gate:dev" || c.ImagePullPolicy != corev1.PullNever {
+		t.Errorf("audit container: image %q pulled %q, want moat-gate:dev, Never", c.Image, c.ImagePullPolicy)
+	}
+	if !slices.Equal(c.Args, []string{"audit-follow", "/var/log/moat-gate/kubernetes.jsonl"}) {
+		t.Errorf("audit container: args %q, want audit-follow of the [kubernetes] audit log", c.Args)
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.RunAsUser == nil || *sc.RunAsUser != 65534 || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+		sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		(sc.Privileged != nil && *sc.Privileged) || sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) != 0 {
+		t.Errorf("audit container: securityContext %+v; want uid 65534, non-root, no escalation, read-only root, every capability dropped", sc)
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "audit" || !c.VolumeMounts[0].ReadOnly {
+		t.Errorf("audit container: mounts %+v, want the audit volume alone, read-only", c.VolumeMounts)
+	}
 }
 
 // containerPort finds a port of c by name.
