@@ -37,12 +37,27 @@ if ! command -v dockerd >/dev/null; then
 	fi
 fi
 
-# runsc is not registered as a Docker runtime here: moat removes the
-# workload's default route from the host side after the container starts,
-# which runc's containers see at once but runsc copies the netns's routes
-# into its own netstack when the sandbox starts (docs/docker.md). The
-# workload runs on runc, and moat warns at each start that the kernel is
-# shared.
+# runsc, as built by scripts/setup.sh (bin/runsc), is registered as the
+# runtime "runsc", so that test/docker can run the workload on it
+# (MOAT_DOCKER_RUNTIME=runsc) as well as on runc. The file is rewritten
+# when it names another runsc (a clone elsewhere), and a running dockerd
+# reloads it on SIGHUP. Its one flag is what moat doctor tells users to
+# register it with: --overlay2=none, so that the workload's writes land in
+# Docker's writable layer and outlive a stop, as on runc (gVisor's default
+# keeps them in the sandbox, gone when it exits).
+runtimes_json() {
+	printf '{\n  "runtimes": {\n    "runsc": {\n      "path": "%s",\n      "runtimeArgs": ["--overlay2=none"]\n    }\n  }\n}\n' "$PWD/bin/runsc"
+}
+reload=
+if [ -x bin/runsc ]; then
+	mkdir -p /etc/docker
+	if [ "$(cat /etc/docker/daemon.json 2>/dev/null)" != "$(runtimes_json)" ]; then
+		runtimes_json >/etc/docker/daemon.json
+		reload=1
+	fi
+else
+	echo "docker.sh: no bin/runsc (scripts/setup.sh builds it); runsc is not registered with Docker" >&2
+fi
 
 up() { docker version --format '{{.Server.Version}}' >/dev/null 2>&1; }
 
@@ -56,6 +71,7 @@ if ! up; then
 		# terminal signals; its own containerd is started by it.
 		setsid dockerd --pidfile "$pidfile" >>"$log" 2>&1 </dev/null &
 		echo "docker.sh: started dockerd (log: $log)" >&2
+		reload=
 	fi
 	for _ in $(seq 1 120); do
 		up && break
@@ -66,5 +82,13 @@ if ! up; then
 		echo "docker.sh: dockerd did not answer on $sock within 60 s (log: $log)" >&2
 		exit 1
 	fi
+fi
+if [ -n "$reload" ] && [ -s "$pidfile" ]; then
+	# dockerd reads daemon.json's runtimes again on SIGHUP.
+	kill -HUP "$(cat "$pidfile")"
+	for _ in $(seq 1 40); do
+		docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}' 2>/dev/null | grep -qw runsc && break
+		sleep 0.25
+	done
 fi
 echo "docker.sh: docker $(docker version --format '{{.Server.Version}}') ready in $(( $(date +%s) - start )) s; runtimes: $(docker info --format '{{range $k, $v := .Runtimes}}{{$k}} {{end}}')" >&2

@@ -48,6 +48,11 @@ import (
 // runtimes.
 var ReverseAddr = netip.MustParseAddr("10.88.0.1")
 
+// ReverseLocal is the workload's own address on the link that reaches
+// ReverseAddr (engine/netns_linux.go's reverse link): under runsc, gVisor
+// copies an interface only if it has an address when the workload starts.
+var ReverseLocal = netip.MustParseAddr("10.88.0.2")
+
 // ForwardSocket is the forwarder's control socket, root's alone.
 func ForwardSocket(dir string) string { return filepath.Join(dir, "docker-forward.sock") }
 

@@ -158,7 +158,7 @@ func helperEnv(env []string) []string {
 	for _, kv := range env {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case strings.HasPrefix(k, "DOCKER_"), k == "PATH", k == "HOME", k == "TMPDIR", k == "LANG", strings.HasPrefix(k, "LC_"):
+		case strings.HasPrefix(k, "DOCKER_"), k == RuntimeEnv, k == "PATH", k == "HOME", k == "TMPDIR", k == "LANG", strings.HasPrefix(k, "LC_"):
 			out = append(out, kv)
 		}
 	}

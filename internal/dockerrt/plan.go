@@ -21,6 +21,11 @@ func (r *Record) EgressNet() string   { return "moat-" + r.Name + "-egress" }
 func (r *Record) GateName() string    { return "moat-" + r.Name + "-gate" }
 func (r *Record) WorkName() string    { return "moat-" + r.Name + "-work" }
 
+// NetName is the network holder's container: it owns the workload's
+// network namespace, which moat isolates before the workload joins it
+// (engine/sandbox.go says why).
+func (r *Record) NetName() string { return "moat-" + r.Name + "-net" }
+
 // Label marks every object of a sandbox, with its name as the value.
 const Label = "moat.sandbox"
 

@@ -163,3 +163,24 @@ func keysOf(m map[string]any) []string {
 	slices.Sort(out)
 	return out
 }
+
+func TestChooseRuntime(t *testing.T) {
+	for _, c := range []struct {
+		want     string
+		hasRunsc bool
+		got      string
+		err      bool
+	}{
+		{"", true, "runsc", false},
+		{"", false, "runc", false},
+		{"runc", true, "runc", false},
+		{"runsc", true, "runsc", false},
+		{"runsc", false, "", true},
+		{"kata", true, "", true},
+	} {
+		got, err := ChooseRuntime(c.want, c.hasRunsc)
+		if got != c.got || (err != nil) != c.err {
+			t.Errorf("ChooseRuntime(%q, %v) = %q, %v; want %q, error %v", c.want, c.hasRunsc, got, err, c.got, c.err)
+		}
+	}
+}

@@ -71,3 +71,29 @@ func (r *Record) Save(dir string) error {
 	}
 	return os.Rename(tmp, filepath.Join(dir, RecordFile))
 }
+
+// RuntimeEnv names the variable that picks a new sandbox's workload
+// runtime ("runsc" or "runc"; unset: runsc when Docker has it, else
+// runc). moat passes it on to moat-docker, which reads it when the
+// sandbox is made; the record keeps the choice.
+const RuntimeEnv = "MOAT_DOCKER_RUNTIME"
+
+// ChooseRuntime is the workload's runtime for a new sandbox: want is
+// RuntimeEnv's value, hasRunsc whether Docker has runsc registered.
+func ChooseRuntime(want string, hasRunsc bool) (string, error) {
+	switch want {
+	case "":
+		if hasRunsc {
+			return "runsc", nil
+		}
+		return "runc", nil
+	case "runc":
+		return "runc", nil
+	case "runsc":
+		if !hasRunsc {
+			return "", fmt.Errorf("%s=runsc, but Docker has no runtime named runsc; register it (see: moat doctor) or unset %s", RuntimeEnv, RuntimeEnv)
+		}
+		return "runsc", nil
+	}
+	return "", fmt.Errorf("%s=%q: want runsc or runc, or leave it unset for runsc when Docker has it", RuntimeEnv, want)
+}

@@ -62,6 +62,30 @@ func ready(t *testing.T) {
 	}
 }
 
+// workloadRuntime is the workload's runtime these tests ask for:
+// $MOAT_DOCKER_RUNTIME (scripts/test.sh runs them under runc and runsc),
+// else runsc when Docker has it, as moat picks.
+func workloadRuntime(t *testing.T) string {
+	if rt := os.Getenv(dockerrt.RuntimeEnv); rt != "" {
+		return rt
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	e, err := engine.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ok, err := e.HasRuntime(ctx, "runsc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok {
+		return "runsc"
+	}
+	return "runc"
+}
+
 // moatBin is $MOAT_BIN, or moat built here once, without cgo. Either way
 // moat runs moat-docker, moat-gate and moat-sandbox (the container's init)
 // from its own directory, so they are built beside it: the binaries under

@@ -60,7 +60,7 @@ func TestDockerSandbox(t *testing.T) {
 	t.Logf("cold start and a session: %s", time.Since(start).Round(time.Millisecond))
 	ctx := context.Background()
 	intNet, egNet := "moat-"+s.name+"-int", "moat-"+s.name+"-egress"
-	gateName, workName := "moat-"+s.name+"-gate", "moat-"+s.name+"-work"
+	gateName, workName, netName := "moat-"+s.name+"-gate", "moat-"+s.name+"-work", "moat-"+s.name+"-net"
 
 	var subnet netip.Prefix
 	var gateIP netip.Addr
@@ -126,8 +126,27 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := keys(w.NetworkSettings.Networks); !slices.Equal(got, []string{intNet}) {
-			t.Errorf("workload's networks = %v, want only %s", got, intNet)
+		// The workload is in its network holder's namespace, which is on
+		// the internal network only and runs nothing but moat-docker hold,
+		// on runc, with no capability.
+		h, err := s.dc.ContainerInspect(ctx, netName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := string(w.HostConfig.NetworkMode), "container:"+netName; got != want && got != "container:"+h.ID {
+			t.Errorf("workload's network mode = %q, want %s", got, want)
+		}
+		if got := keys(h.NetworkSettings.Networks); !slices.Equal(got, []string{intNet}) {
+			t.Errorf("holder's networks = %v, want only %s", got, intNet)
+		}
+		if h.HostConfig.Runtime != "runc" || h.HostConfig.Privileged || len(h.HostConfig.CapAdd) > 0 || !slices.Contains(h.HostConfig.CapDrop, "ALL") {
+			t.Errorf("holder: runtime %q, privileged=%v cap_add=%v cap_drop=%v; want runc, none added, all dropped", h.HostConfig.Runtime, h.HostConfig.Privileged, h.HostConfig.CapAdd, h.HostConfig.CapDrop)
+		}
+		if got := append(slices.Clone(h.Config.Entrypoint), h.Config.Cmd...); !slices.Equal(got, []string{"/bin/moat-docker", "hold"}) {
+			t.Errorf("holder runs %q, want /bin/moat-docker hold", got)
+		}
+		if got, want := w.HostConfig.Runtime, workloadRuntime(t); got != want {
+			t.Errorf("workload's runtime = %q, want %q", got, want)
 		}
 		if w.HostConfig.Privileged || len(w.HostConfig.CapAdd) > 0 || !slices.ContainsFunc(w.HostConfig.CapDrop, func(c string) bool { return strings.TrimPrefix(c, "CAP_") == "NET_RAW" }) {
 			t.Errorf("workload's privileges: privileged=%v cap_add=%v cap_drop=%v; want none added and NET_RAW dropped", w.HostConfig.Privileged, w.HostConfig.CapAdd, w.HostConfig.CapDrop)
@@ -137,18 +156,20 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil || !strings.HasPrefix(w.Config.Image, "sha256:") || img.ID != w.Config.Image {
 			t.Errorf("workload's image is %q (%v), want the digest it resolved to", w.Config.Image, err)
 		}
-		// The workload has one route, to its subnet: seen from the host
-		// and from inside.
-		got, err := engine.Routes(w.State.Pid)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(got, []netip.Prefix{subnet}) {
-			t.Errorf("workload's routes (host's view) = %v, want only %s", got, subnet)
-		}
+		// No default route, seen from the host and from inside: routes
+		// to the subnet and to the reverse forwards' address only (under
+		// runsc, gVisor took the namespace's addresses, and their routes
+		// went with them, so the host's view may have fewer).
+		checkRoutes(t, w.State.Pid, subnet)
 		out := s.must(t, "sh", "-c", "ip route; ip -6 route")
-		if lines := strings.Fields(out); len(lines) == 0 || lines[0] != subnet.String() || strings.Count(out, "\n") != 1 {
-			t.Errorf("workload's ip route:\n%s\nwant one line, for %s", out, subnet)
+		if !strings.Contains(out, subnet.String()+" dev eth0") {
+			t.Errorf("workload's ip route:\n%s\nwant a route to %s on eth0", out, subnet)
+		}
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			// 127.0.0.0/8: gVisor lists its loopback's route.
+			if f := strings.Fields(l); len(f) == 0 || (f[0] != subnet.String() && f[0] != "10.88.0.1" && f[0] != "127.0.0.0/8") {
+				t.Errorf("workload's ip route has %q; want only routes to %s and 10.88.0.1:\n%s", l, subnet, out)
+			}
 		}
 	})
 
@@ -513,7 +534,7 @@ func TestDockerSandbox(t *testing.T) {
 
 	t.Run("stopped containers start again as they were, isolated again", func(t *testing.T) {
 		s.must(t, "sh", "-c", "echo kept > /var/marker")
-		for _, c := range []string{workName, gateName} {
+		for _, c := range []string{workName, netName, gateName} {
 			if err := s.dc.ContainerKill(ctx, c, "KILL"); err != nil {
 				t.Fatal(err)
 			}
@@ -530,15 +551,13 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, err := engine.Routes(w.State.Pid); err != nil || !slices.Equal(got, []netip.Prefix{subnet}) {
-			t.Errorf("restarted workload's routes = %v (%v), want only %s", got, err, subnet)
-		}
+		checkRoutes(t, w.State.Pid, subnet)
 		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
 			t.Errorf("plain.test through the restarted gate: %q", out)
 		}
 	})
 
-	t.Run("a workload Docker restarted is isolated again at the next session", func(t *testing.T) {
+	t.Run("a workload Docker restarted has no way out, and works at the next session", func(t *testing.T) {
 		t0 := 5
 		if err := s.dc.ContainerRestart(ctx, workName, container.StopOptions{Timeout: &t0}); err != nil {
 			t.Fatal(err)
@@ -547,13 +566,18 @@ func TestDockerSandbox(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got, _ := engine.Routes(w.State.Pid); slices.Equal(got, []netip.Prefix{subnet}) {
-			t.Fatalf("Docker's restart left only %v: this check proves nothing here", got)
-		}
-		// The agent may still be starting; the session waits for it.
+		// At once, before any session: the holder's namespace, which
+		// Docker does not touch when it restarts the workload.
+		checkRoutes(t, w.State.Pid, subnet)
+		// The agent may still be starting; the session waits for it
+		// (under runsc, the session starts the workload again: gVisor
+		// took its addresses when it stopped).
 		out := s.must(t, "ip", "route")
-		if lines := strings.Fields(out); len(lines) == 0 || lines[0] != subnet.String() || strings.Count(out, "\n") != 1 {
-			t.Errorf("after docker restart, the workload's routes:\n%s\nwant one, for %s", out, subnet)
+		if strings.Contains(out, "default") || !strings.Contains(out, subnet.String()) {
+			t.Errorf("after docker restart, the workload's routes:\n%s\nwant %s and no default", out, subnet)
+		}
+		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
+			t.Errorf("plain.test after docker restart: %q", out)
 		}
 	})
 
@@ -563,7 +587,7 @@ func TestDockerSandbox(t *testing.T) {
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("moat down: %v\n%s", err, out)
 		}
-		for _, c := range []string{gateName, workName} {
+		for _, c := range []string{gateName, netName, workName} {
 			if st, err := s.dc.ContainerInspect(ctx, c); err != nil || st.State.Running {
 				t.Errorf("after moat down, %s: %v, running=%v; want it kept, stopped", c, err, err == nil && st.State.Running)
 			}
@@ -603,6 +627,22 @@ func TestDockerSandbox(t *testing.T) {
 
 // procHolding lists the processes other than skip whose environment or
 // arguments hold s.
+// checkRoutes fails the test unless pid's network namespace has no
+// route but to the subnet and the reverse forwards' link: no default.
+func checkRoutes(t *testing.T, pid int, subnet netip.Prefix) {
+	t.Helper()
+	allowed := []netip.Prefix{subnet, netip.MustParsePrefix("10.88.0.1/32"), netip.MustParsePrefix("10.88.0.2/32")}
+	got, err := engine.Routes(pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range got {
+		if !slices.Contains(allowed, p) {
+			t.Errorf("the workload's namespace (host's view) has a route to %s; want only %v (all: %v)", p, allowed, got)
+		}
+	}
+}
+
 func procHolding(s string, skip int) []string {
 	var out []string
 	paths, _ := filepath.Glob("/proc/[0-9]*/environ")

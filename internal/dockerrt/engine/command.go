@@ -26,6 +26,8 @@ package doc.
   moat-docker down DIR                 remove its containers and networks
   moat-docker forward DIR PID          hold the sandbox's port forwards while PID
                                        (the workload's init) lives; up starts it
+  moat-docker hold                     wait for SIGTERM: the network holder
+                                       container's only process
   moat-docker version                  this binary's version
 
 Results are JSON on stdout; errors are on stderr, each line beginning
@@ -72,10 +74,16 @@ type done struct {
 }
 
 func run(ctx context.Context, op string, args []string, stdin io.Reader) (any, error) {
-	want := map[string]int{"info": 0, "prepare": 3, "up": 0, "stop": 1, "down": 1, "forward": 2}
+	want := map[string]int{"info": 0, "prepare": 3, "up": 0, "stop": 1, "down": 1, "forward": 2, "hold": 0}
 	n, ok := want[op]
 	if !ok || len(args) != n {
 		return nil, fmt.Errorf("%s %q: %w", op, args, errUsage)
+	}
+	if op == "hold" {
+		// The network holder (sandbox.go's createHolder): it only has
+		// to exist, owning the namespace, until Docker stops it.
+		<-ctx.Done()
+		return done{1}, nil
 	}
 	if op == "forward" {
 		// Asks nothing of the engine: the workload's namespace and the

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -315,4 +316,21 @@ func (e *Conn) running(ctx context.Context, name string) (bool, int, error) {
 		return false, 0, nil
 	}
 	return true, c.State.Pid, nil
+}
+
+// checkStatic refuses a binary that needs a dynamic loader: the network
+// holder runs moat-docker in the gate's FROM scratch image, which has
+// none, and would otherwise fail with a bare "no such file or directory".
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", path, err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return fmt.Errorf("%s is dynamically linked, and the network holder runs it in an empty image; build it with CGO_ENABLED=0 (scripts/setup.sh does)", path)
+		}
+	}
+	return nil
 }

@@ -48,7 +48,7 @@ type forwarder struct {
 	dir, name string
 	workload  netip.Addr // dialed for host → guest
 	// listenIn listens on addr inside the workload's network namespace
-	// (nil: the workload's network is not the namespace's, under runsc).
+	// (nil: a sandbox on runsc made before the reverse link).
 	listenIn func(addr string) (net.Listener, error)
 	ctx      context.Context
 	log      *slog.Logger
@@ -112,7 +112,7 @@ func (f *forwarder) listen(e forward.Entry) (*forward.Held, error) {
 	var err error
 	if e.Reverse {
 		if f.listenIn == nil {
-			return nil, errors.New("reverse forwards are not served on a Docker sandbox whose workload runs on runsc (gVisor's network is not the namespace moat listens in); use runc, or moat's own runtime")
+			return nil, errNoReverseLink
 		}
 		addr := netip.AddrPortFrom(dockerrt.ReverseAddr, e.Guest).String()
 		if ln, err = f.listenIn(addr); err != nil {
@@ -345,11 +345,11 @@ func Forward(ctx context.Context, dir string, pid int) error {
 	}
 	f := &forwarder{dir: dir, name: r.Name, workload: r.WorkloadIP, ctx: ctx, log: log,
 		open: map[fkey]*forward.Held{}, failed: map[fkey]string{}}
-	if r.Runtime != "runsc" {
-		in, err := workloadListener(pid)
-		if err != nil {
-			return err
-		}
+	in, ok, err := workloadListener(pid, r.Runtime == "runsc")
+	if err != nil && !errors.Is(err, errNoReverseLink) {
+		return err
+	}
+	if ok {
 		f.listenIn = in
 	}
 	sock := dockerrt.ForwardSocket(dir)

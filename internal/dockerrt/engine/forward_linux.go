@@ -34,33 +34,80 @@ func watchExit(pid int) (<-chan struct{}, error) {
 	return ch, nil
 }
 
-// workloadListener gives ReverseAddr to the loopback device of pid's
-// network namespace (the workload's: moat-docker enters it from the
-// host; the workload never holds NET_ADMIN) and returns a function
-// that listens there. The address is added at each start: a restarted
-// workload has a new namespace.
-func workloadListener(pid int) (func(addr string) (net.Listener, error), error) {
+// workloadListener gives ReverseAddr to the forwarder's side of the
+// reverse link in pid's network namespace (the workload's: moat-docker
+// enters it from the host; the workload never holds NET_ADMIN), routes
+// ReverseLocal back over it when gVisor holds that address (runsc), and
+// returns a function that listens there. A namespace without the link (a
+// sandbox made before it) gets ReverseAddr on its loopback device, which
+// serves a workload on runc only; ok is false where that cannot serve.
+// Done at each start: a restarted holder has a new namespace.
+func workloadListener(pid int, runsc bool) (listen func(addr string) (net.Listener, error), ok bool, err error) {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
-		return nil, fmt.Errorf("opening the workload's network namespace: %w", err)
+		return nil, false, fmt.Errorf("opening the workload's network namespace: %w", err)
 	}
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		ns.Close()
-		return nil, err
+		return nil, false, err
 	}
 	defer h.Close()
-	lo, err := h.LinkByName("lo")
+	if err := serveReverseLink(h); err != nil {
+		if !errors.Is(err, errNoReverseLink) || runsc {
+			ns.Close()
+			return nil, false, err
+		}
+		lo, err := h.LinkByName("lo")
+		if err != nil {
+			ns.Close()
+			return nil, false, fmt.Errorf("finding the workload's loopback device: %w", err)
+		}
+		a := &netlink.Addr{IPNet: hostNet(dockerrt.ReverseAddr), Scope: unix.RT_SCOPE_HOST}
+		if err := h.AddrAdd(lo, a); err != nil && !errors.Is(err, unix.EEXIST) {
+			ns.Close()
+			return nil, false, fmt.Errorf("adding %s to the workload's loopback device: %w", dockerrt.ReverseAddr, err)
+		}
+	}
+	return func(addr string) (net.Listener, error) { return listenInNS(ns, addr) }, true, nil
+}
+
+// errNoReverseLink: the namespace predates the reverse link.
+var errNoReverseLink = errors.New("the workload's network has no reverse link; it was made by an older moat: moat destroy it, or use runc")
+
+// serveReverseLink brings the forwarder's side of the reverse link up
+// with ReverseAddr, and routes ReverseLocal over it unless that is a
+// local address (runc: the workload's side is this kernel's).
+func serveReverseLink(h *netlink.Handle) error {
+	peer, err := h.LinkByName(revPeer)
 	if err != nil {
-		ns.Close()
-		return nil, fmt.Errorf("finding the workload's loopback device: %w", err)
+		return errNoReverseLink
 	}
-	a := &netlink.Addr{IPNet: &net.IPNet{IP: dockerrt.ReverseAddr.AsSlice(), Mask: net.CIDRMask(32, 32)}, Scope: unix.RT_SCOPE_HOST}
-	if err := h.AddrAdd(lo, a); err != nil && !errors.Is(err, unix.EEXIST) {
-		ns.Close()
-		return nil, fmt.Errorf("adding %s to the workload's loopback device: %w", dockerrt.ReverseAddr, err)
+	if err := h.AddrAdd(peer, &netlink.Addr{IPNet: hostNet(dockerrt.ReverseAddr)}); err != nil && !errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("adding %s to %s: %w", dockerrt.ReverseAddr, revPeer, err)
 	}
-	return func(addr string) (net.Listener, error) { return listenInNS(ns, addr) }, nil
+	if err := h.LinkSetUp(peer); err != nil {
+		return fmt.Errorf("bringing %s up: %w", revPeer, err)
+	}
+	link, err := h.LinkByName(revLink)
+	if err != nil {
+		return fmt.Errorf("finding %s: %w", revLink, err)
+	}
+	addrs, err := h.AddrList(link, unix.AF_INET)
+	if err != nil {
+		return err
+	}
+	for _, a := range addrs {
+		if a.IP.Equal(dockerrt.ReverseLocal.AsSlice()) {
+			return nil
+		}
+	}
+	err = h.RouteReplace(&netlink.Route{LinkIndex: peer.Attrs().Index, Dst: hostNet(dockerrt.ReverseLocal), Scope: netlink.SCOPE_LINK,
+		Src: dockerrt.ReverseAddr.AsSlice()})
+	if err != nil {
+		return fmt.Errorf("routing %s over %s: %w", dockerrt.ReverseLocal, revPeer, err)
+	}
+	return nil
 }
 
 // listenInNS makes a listening socket in ns. The socket keeps its

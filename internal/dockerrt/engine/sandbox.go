@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,17 +24,20 @@ import (
 )
 
 // Prepare writes a new sandbox's record: the image resolved to its digest
-// once, and the runtime: runsc when Docker has it registered, else runc.
+// once, and the runtime: runsc when Docker has it registered, else runc,
+// unless dockerrt.RuntimeEnv names one.
 func Prepare(ctx context.Context, e *Conn, dir, name, image string) (*dockerrt.Record, error) {
 	id, err := e.ResolveImage(ctx, image)
 	if err != nil {
 		return nil, err
 	}
-	rt := "runc"
-	if ok, err := e.HasRuntime(ctx, "runsc"); err != nil {
+	has, err := e.HasRuntime(ctx, "runsc")
+	if err != nil {
 		return nil, err
-	} else if ok {
-		rt = "runsc"
+	}
+	rt, err := dockerrt.ChooseRuntime(os.Getenv(dockerrt.RuntimeEnv), has)
+	if err != nil {
+		return nil, err
 	}
 	r := &dockerrt.Record{Schema: dockerrt.Schema, Name: name, Image: image, ImageID: id, Runtime: rt}
 	return r, r.Save(dir)
@@ -84,10 +88,33 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	if err != nil {
 		return nil, err
 	}
+	netUp, netPid, err := e.running(ctx, r.NetName())
+	if err != nil {
+		return nil, err
+	}
+	if workUp && netUp && !sameNetns(pid, netPid) {
+		// The holder was restarted behind moat's back (docker restart):
+		// the workload is left in a namespace whose interfaces went with
+		// the old holder. It starts again in the new one.
+		e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+		workUp = false
+	}
+	if workUp && r.Runtime == "runsc" && restartedOutside(o.Dir, pid) {
+		// Docker restarted the workload (docker restart) in a namespace
+		// whose addresses gVisor took when it last stopped: it has no
+		// network. It starts again, through isolate, which gives them
+		// back.
+		e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+		workUp = false
+	}
 	if gateUp && workUp {
-		// Docker may have restarted the workload behind moat's back
-		// (docker restart, a daemon restart), giving it Docker's routes
-		// again: checked at every session, which costs a netlink dump.
+		// Checked at every session, which costs a netlink dump: the
+		// holder's namespace must still have no way out. A sandbox made
+		// before the holder has the workload's own namespace, which Docker
+		// gives its routes again when it restarts the workload.
+		if netUp {
+			pid = netPid
+		}
 		if err := ensureIsolated(r, pid); err != nil {
 			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
 			return nil, fmt.Errorf("the workload of %q had a way out and was stopped: %w", r.Name, err)
@@ -112,7 +139,7 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	// Stopped containers (a host reboot, a gate that died) start again
 	// as they are: the workload keeps what it wrote outside the
 	// workspace, as a gVisor sandbox keeps its writable layer.
-	if err := restart(ctx, e, r, o, gateUp, workUp); err == nil {
+	if err := restart(ctx, e, r, o, gateUp, netUp, workUp); err == nil {
 		return r, nil
 	} else if errors.Is(err, errSecrets) {
 		// Not the containers' fault: making them anew would lose what
@@ -135,21 +162,36 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	return r, nil
 }
 
+// restartedOutside says whether the workload's init is not the one moat
+// last started (startWork records it).
+func restartedOutside(dir string, pid int) bool {
+	b, err := os.ReadFile(workPID(dir))
+	if err != nil {
+		return false
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	return err == nil && n != pid
+}
+
 // errMissing: a container or the record's addresses are not there to
 // start again.
 var errMissing = errors.New("nothing to start again")
 
 // restart starts the sandbox's existing containers that are stopped, and
-// isolates the workload again: a restarted container has a new network
-// namespace, with Docker's routes and rules back.
-func restart(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options, gateUp, workUp bool) error {
+// isolates the workload's network again: a restarted holder has a new
+// network namespace, with Docker's routes and rules back, and the
+// workload joins it only once moat has removed them.
+func restart(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options, gateUp, netUp, workUp bool) error {
 	if !r.Subnet.IsValid() {
 		return errMissing
 	}
-	for _, n := range []string{r.GateName(), r.WorkName()} {
+	for _, n := range []string{r.GateName(), r.NetName(), r.WorkName()} {
 		if ok, err := e.exists(ctx, n); err != nil {
 			return err
 		} else if !ok {
+			if n == r.NetName() {
+				fmt.Fprintf(o.Warn, "moat: sandbox %q was made by an older moat, without a network holder; its containers are made anew (what the workload wrote outside the workspace is gone)\n", r.Name)
+			}
 			return errMissing
 		}
 	}
@@ -171,24 +213,58 @@ func restart(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Option
 	if err := guardBridge(r.Bridge, r.Name); err != nil {
 		return err
 	}
+	if !netUp {
+		if workUp {
+			// In the old holder's namespace, whose interfaces are gone.
+			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+			workUp = false
+		}
+		if err := e.c.ContainerStart(ctx, r.NetName(), container.StartOptions{}); err != nil {
+			return fmt.Errorf("starting the network holder: %w", err)
+		}
+	}
 	if !workUp {
-		if err := e.c.ContainerStart(ctx, r.WorkName(), container.StartOptions{}); err != nil {
-			return fmt.Errorf("starting the workload: %w", err)
-		}
-		up, pid, err := e.running(ctx, r.WorkName())
-		if err != nil || !up {
-			return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.WorkName(), err)
-		}
-		if r.Runtime != "runsc" {
-			if err := isolate(pid, r.Subnet); err != nil {
-				// Fail closed: stop it rather than leave it with a way out.
-				e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
-				return fmt.Errorf("isolating the workload's network: %w", err)
-			}
+		if err := e.startWork(ctx, r, o.Dir); err != nil {
+			return err
 		}
 	}
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 }
+
+// startWork isolates the holder's namespace and starts the workload in
+// it. The order is the point: runsc copies the namespace's routes when
+// the workload starts, and never again, so the default route goes first.
+func (e *Conn) startWork(ctx context.Context, r *dockerrt.Record, dir string) error {
+	up, netPid, err := e.running(ctx, r.NetName())
+	if err != nil || !up {
+		return fmt.Errorf("the network holder stopped as it started (see: docker logs %s): %v", r.NetName(), err)
+	}
+	if err := isolate(netPid, r); err != nil {
+		// Fail closed: the workload does not start with a way out.
+		return fmt.Errorf("isolating the workload's network: %w", err)
+	}
+	if err := e.c.ContainerStart(ctx, r.WorkName(), container.StartOptions{}); err != nil {
+		return fmt.Errorf("starting the workload: %w", err)
+	}
+	up, pid, err := e.running(ctx, r.WorkName())
+	if err != nil || !up {
+		return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.WorkName(), err)
+	}
+	if !sameNetns(pid, netPid) {
+		e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+		return fmt.Errorf("the workload is not in its network holder's namespace (%s); it was stopped", r.NetName())
+	}
+	// Again after the start: nothing may have come back meanwhile.
+	if err := checkRoutes(netPid, r.Subnet); err != nil {
+		e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+		return fmt.Errorf("isolating the workload's network: %w", err)
+	}
+	return os.WriteFile(workPID(dir), []byte(strconv.Itoa(pid)+"\n"), 0o600)
+}
+
+// workPID holds the host pid of the workload's init as moat last started
+// it.
+func workPID(dir string) string { return filepath.Join(dir, "docker-work.pid") }
 
 func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options) error {
 	used, err := e.usedSubnets(ctx)
@@ -280,20 +356,25 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 	if o.Workspace != "" {
 		binds = append(binds, o.Workspace+":"+o.Workspace)
 	}
-	work, err := e.c.ContainerCreate(ctx, &container.Config{
+	if err := e.createHolder(ctx, r, o, labels); err != nil {
+		return err
+	}
+	_, err = e.c.ContainerCreate(ctx, &container.Config{
+		// No Hostname: a container in another's network namespace has
+		// that one's (Docker refuses both); the holder has the guest's.
 		Image: r.ImageID, Entrypoint: []string{guestspec.Binary, "__init"}, Cmd: []string{},
-		Hostname: o.Guest.Hostname, Labels: labels, WorkingDir: "/",
+		Labels: labels, WorkingDir: "/",
 	}, &container.HostConfig{
-		Binds:       binds,
-		NetworkMode: container.NetworkMode(r.InternalNet()),
-		DNS:         []string{r.GateIP.String()},
+		Binds: binds,
+		// The holder's namespace, isolated before the workload starts
+		// (startWork). No DNS either: moat init writes resolv.conf with
+		// the gate as its one nameserver.
+		NetworkMode: container.NetworkMode("container:" + r.NetName()),
 		Runtime:     r.Runtime,
 		// Raw sockets would let the workload forge its neighbours'
 		// addresses on the subnet; nothing in a sandbox needs them.
 		CapDrop: []string{"NET_RAW"},
-	}, &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
-		r.InternalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
-	}}, nil, r.WorkName())
+	}, nil, nil, r.WorkName())
 	if err != nil {
 		return fmt.Errorf("creating the workload container: %w", err)
 	}
@@ -301,25 +382,54 @@ func start(ctx context.Context, e *Conn, r *dockerrt.Record, o dockerrt.Options)
 	if err := guardBridge(r.Bridge, r.Name); err != nil {
 		return err
 	}
-	if err := e.c.ContainerStart(ctx, work.ID, container.StartOptions{}); err != nil {
-		return fmt.Errorf("starting the workload: %w", err)
+	if err := e.c.ContainerStart(ctx, r.NetName(), container.StartOptions{}); err != nil {
+		return fmt.Errorf("starting the network holder: %w", err)
 	}
-	up, pid, err := e.running(ctx, work.ID)
-	if err != nil || !up {
-		return fmt.Errorf("the workload stopped as it started (see: docker logs %s): %v", r.WorkName(), err)
-	}
-	if r.Runtime != "runsc" {
-		// Under runsc the routes and nat rules are gVisor's own, copied
-		// when the sandbox started; the netns's are not the workload's,
-		// and gVisor refuses a route deletion even from a privileged
-		// exec. There the workload keeps a default route to the bridge,
-		// whose packets Docker's isolation chain and guardBridge drop on
-		// the host (docs/docker.md).
-		if err := isolate(pid, r.Subnet); err != nil {
-			return fmt.Errorf("isolating the workload's network: %w", err)
-		}
+	if err := e.startWork(ctx, r, o.Dir); err != nil {
+		return err
 	}
 	return waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
+}
+
+// holderBinary is where the holder container has moat-docker, bound
+// read-only from the host: the gate's image is FROM scratch.
+const holderBinary = "/bin/moat-docker"
+
+// createHolder creates the network holder: a container on the internal
+// network at the workload's address that runs `moat-docker hold` (it
+// waits for its stop signal, and nothing else), on runc, with no
+// capability, as nobody, from the gate's image with this moat-docker
+// bound in. It owns the namespace the workload joins: the namespace
+// exists, and moat removes its default route, before the workload's
+// runtime starts (under runsc, gVisor copies the routes at that moment).
+// It carries the guest's hostname, which the workload takes from it, and
+// the gate as its DNS server.
+func (e *Conn) createHolder(ctx context.Context, r *dockerrt.Record, o dockerrt.Options, labels map[string]string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if err := checkStatic(self); err != nil {
+		return err
+	}
+	_, err = e.c.ContainerCreate(ctx, &container.Config{
+		Image: r.GateImage, Entrypoint: []string{holderBinary}, Cmd: []string{"hold"},
+		Hostname: o.Guest.Hostname, Labels: labels, User: "65534:65534",
+	}, &container.HostConfig{
+		Binds:          []string{self + ":" + holderBinary + ":ro"},
+		NetworkMode:    container.NetworkMode(r.InternalNet()),
+		DNS:            []string{r.GateIP.String()},
+		Runtime:        "runc",
+		CapDrop:        []string{"ALL"},
+		ReadonlyRootfs: true,
+		SecurityOpt:    []string{"no-new-privileges"},
+	}, &network.NetworkingConfig{EndpointsConfig: map[string]*network.EndpointSettings{
+		r.InternalNet(): {IPAMConfig: &network.EndpointIPAMConfig{IPv4Address: r.WorkloadIP.String()}},
+	}}, nil, r.NetName())
+	if err != nil {
+		return fmt.Errorf("creating the network holder: %w", err)
+	}
+	return nil
 }
 
 // gateFiles are the files of gate/ that WriteGateDir writes and the
@@ -441,14 +551,14 @@ const stopTimeout = 10
 
 // Stop stops the sandbox's containers and keeps them, so that the next
 // start finds the workload as it was. The workload stops first: while it
-// runs, its gate does.
+// runs, its holder and its gate do.
 func Stop(ctx context.Context, e *Conn, dir string) error {
 	r, err := dockerrt.Load(dir)
 	if err != nil {
 		return err
 	}
 	var errs []error
-	for _, n := range []string{r.WorkName(), r.GateName()} {
+	for _, n := range []string{r.WorkName(), r.NetName(), r.GateName()} {
 		t := stopTimeout
 		if err := e.c.ContainerStop(ctx, n, container.StopOptions{Timeout: &t}); err != nil && !client.IsErrNotFound(err) {
 			errs = append(errs, fmt.Errorf("stopping %s: %w", n, err))
