@@ -34,8 +34,8 @@ version=$(git describe --always --dirty 2>/dev/null || echo dev)
 # `moat gate serve`) and moat-docker (runtime = "docker"), the last two
 # holding libraries moat must not link (docs/architecture.md). -X
 # main.version stamps those two; moat's and moat-sandbox's version is
-# internal/cli.Version, and a daemon refuses a moat of another build.
-go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/cli.Version=$version -X main.version=$version" -o bin/ ./cmd/...
+# internal/roles.Version, and a daemon refuses a moat of another build.
+go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/roles.Version=$version -X main.version=$version" -o bin/ ./cmd/...
 # gVisor at the version pinned in go.mod (tool directive). Static: a
 # dynamically linked runsc fails after pivot_root.
 # Stamped with that version, which `runsc --version` and `moat doctor` show.

@@ -4,13 +4,14 @@
 // this file mounted into the guest. It is a binary of its own, without
 // moat's command line, because each of those processes maps the file it
 // runs from, and the command line's code and data are pages that none of
-// them uses (docs/architecture.md, "Four binaries").
+// them uses (docs/architecture.md, "Four binaries"); for the same reason
+// it links internal/roles, never internal/cli.
 package main
 
 import (
 	"os"
 
-	"moat.dev/moat/internal/cli"
+	"moat.dev/moat/internal/roles"
 )
 
-func main() { os.Exit(cli.RoleMain(os.Args)) }
+func main() { os.Exit(roles.RoleMain(os.Args)) }

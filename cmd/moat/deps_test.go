@@ -70,10 +70,11 @@ func TestHeavyDepsStayOut(t *testing.T) {
 	}
 }
 
-// TestRolesSplit fails when the linker keeps in moat-sandbox the command
-// line, which every process of a sandbox would map for nothing, or keeps
-// in moat the roles that moat-sandbox runs: each binary's entry point
-// must reach only its own half of internal/cli.
+// TestRolesSplit fails when moat-sandbox links moat's command line
+// (internal/cli, cobra and the terminal UI it uses), whose package
+// initialisation, code and data every process of a sandbox would carry
+// for nothing, or when the linker keeps in moat the roles that
+// moat-sandbox runs.
 func TestRolesSplit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("links moat and moat-sandbox (some seconds); run without -short")
@@ -90,9 +91,14 @@ func TestRolesSplit(t *testing.T) {
 	for _, tc := range []struct {
 		binary string
 		absent []string // functions its entry point must not reach
+		// packages none of whose symbols (package init included) it
+		// may hold: the linker keeps a package's init whenever the
+		// package is imported at all, used or not
+		absentPkgs []string
 	}{
-		{"moat-sandbox", []string{"moat.dev/moat/internal/cli.newRoot", "github.com/spf13/cobra.(*Command).ExecuteC"}},
-		{"moat", []string{"moat.dev/moat/internal/cli.RoleMain", "moat.dev/moat/internal/guest.Init", "moat.dev/moat/internal/runtime.Shim"}},
+		{"moat-sandbox", []string{"moat.dev/moat/internal/cli.newRoot", "github.com/spf13/cobra.(*Command).ExecuteC"},
+			[]string{"moat.dev/moat/internal/cli", "github.com/spf13/cobra", "github.com/spf13/pflag", "github.com/mattn/go-runewidth"}},
+		{"moat", []string{"moat.dev/moat/internal/roles.RoleMain", "moat.dev/moat/internal/guest.Init", "moat.dev/moat/internal/runtime.Shim"}, nil},
 	} {
 		out, err := exec.Command(gobin, "tool", "nm", filepath.Join(dir, tc.binary)).Output()
 		if err != nil {
@@ -110,6 +116,14 @@ func TestRolesSplit(t *testing.T) {
 		for _, s := range tc.absent {
 			if syms[s] {
 				t.Errorf("%s links %s", tc.binary, s)
+			}
+		}
+		for _, p := range tc.absentPkgs {
+			for s := range syms {
+				if strings.HasPrefix(s, p+".") {
+					t.Errorf("%s links package %s (%s among its symbols); see the import chain with: go list -deps ./cmd/%s", tc.binary, p, s, tc.binary)
+					break
+				}
 			}
 		}
 	}

@@ -104,8 +104,6 @@ func releaseWhenStarted(dir string, since time.Time, release func(), done <-chan
 	}
 }
 
-func limitsPtr(l resources.Limits) *resources.Limits { return &l }
-
 // mib prints bytes in MiB for the tables.
 func mib(b uint64) string {
 	if b == ^uint64(0) {

@@ -13,6 +13,7 @@ import (
 
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/netstack"
+	"moat.dev/moat/internal/roles"
 )
 
 // projectAsks lists what a project file (a moat.toml that came with a
@@ -113,7 +114,7 @@ func projectAsks(cfg config.Config, userConfig string) []string {
 		out = append(out, fmt.Sprintf("%s: shares host path %s at %s, %s", sh.Source, sh.Path, sh.Target, how))
 	}
 	for _, f := range cfg.Files {
-		if !theirs(f.Origin) || within(f.Source, filepath.Dir(f.Origin)) {
+		if !theirs(f.Origin) || roles.Within(f.Source, filepath.Dir(f.Origin)) {
 			continue
 		}
 		out = append(out, fmt.Sprintf("%s: files copies host file %s into the guest at %s", f.Origin, f.Source, f.Target))

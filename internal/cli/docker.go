@@ -18,6 +18,7 @@ import (
 	"moat.dev/moat/internal/dockerrt"
 	"moat.dev/moat/internal/guestspec"
 	"moat.dev/moat/internal/keys"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/secret"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
@@ -114,7 +115,7 @@ func (e *env) dockerConnect(ctx context.Context, dir string, rec *state.Record) 
 	if err != nil {
 		return nil, err
 	}
-	upstream, err := upstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
+	upstream, err := roles.UpstreamDNS(os.Getenv("MOAT_UPSTREAM_DNS"))
 	if err != nil {
 		return nil, withCode(ExitUsage, err)
 	}
@@ -293,7 +294,7 @@ func dockerGuest(dir string, rec *state.Record) (*guestspec.Spec, error) {
 	if err != nil {
 		return nil, err
 	}
-	user, home := guestUser(rec.GuestUID)
+	user, home := roles.GuestUser(rec.GuestUID)
 	env := []string{"HOME=" + home, "USER=" + user, "LOGNAME=" + user, "LANG=C.UTF-8",
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	return &guestspec.Spec{

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
 )
 
@@ -30,7 +31,7 @@ Exits 4 when something is missing.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			exe, _ := os.Executable()
-			runsc := runscPath(exe)
+			runsc := roles.RunscPath(exe)
 			var checks []check
 			if rootless() {
 				checks = append(checks, rootlessChecks()...)

@@ -1,7 +1,7 @@
-// Package cli is moat's command line (Main, the moat binary), and the
-// roles moat starts for a sandbox (RoleMain, the moat-sandbox binary:
-// daemon, shim, guest init with the guest agent inside), dispatched on
-// argv without the command parser so that the guest and the daemon never
+// Package cli is moat's command line (Main, the moat binary). The roles
+// moat starts for a sandbox (daemon, shim, guest init with the guest agent
+// inside) are internal/roles, the moat-sandbox binary, dispatched on argv
+// without the command parser so that the guest and the daemon never
 // depend on flags meant for people.
 package cli
 
@@ -11,13 +11,12 @@ import (
 	"os"
 
 	"github.com/spf13/cobra"
+
+	"moat.dev/moat/internal/roles"
 )
 
-// Version is set at build time with -ldflags "-X moat.dev/moat/internal/cli.Version=...".
-var Version = "dev"
-
 // Main runs moat's command line and returns its exit code. The roles
-// moat starts for a sandbox are moat-sandbox's (RoleMain), not its own.
+// moat starts for a sandbox are moat-sandbox's (roles.RoleMain), not its own.
 func Main(args []string) int {
 	root := newRoot()
 	root.SetArgs(args[1:])
@@ -56,7 +55,7 @@ Start here:
   moat list                   every sandbox and its state`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
-		Version:       Version,
+		Version:       roles.Version,
 	}
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return withCode(ExitUsage, fmt.Errorf("%w; see: %s --help", err, c.CommandPath()))
@@ -129,6 +128,6 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print moat's version",
 		Long:  `Print moat's version and the runsc it uses.`,
 		Args:  cobra.NoArgs,
-		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), "moat", Version) },
+		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), "moat", roles.Version) },
 	}
 }

@@ -9,17 +9,14 @@ import (
 	"syscall"
 
 	"moat.dev/moat/internal/resources"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/userns"
 )
 
 // Rootless moat: an ordinary user runs sandboxes in user namespaces that
 // map their subordinate ids (internal/userns). What the shim and runsc
 // leave in a sandbox's state dir then belongs to those ids, which the
-// user can remove only from inside such a namespace: removeRole.
-
-// removeRole is the hidden role that removes a directory as root of a
-// user namespace with the user's subordinate ids (`__userns-rm DIR`).
-const removeRole = "__userns-rm"
+// user can remove only from inside such a namespace: roles.RemoveRole.
 
 // rootless reports whether moat runs without root.
 func rootless() bool { return os.Geteuid() != 0 }
@@ -40,7 +37,7 @@ func (e *env) removeAll(dir string) error {
 		return err
 	}
 	var stderr bytes.Buffer
-	cmd := exec.Command(exe, removeRole, dir)
+	cmd := exec.Command(exe, roles.RemoveRole, dir)
 	cmd.Stderr = &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cfg.Start(cmd); err != nil {
@@ -50,20 +47,6 @@ func (e *env) removeAll(dir string) error {
 		return fmt.Errorf("removing %s in a user namespace: %v: %s", dir, err, strings.TrimSpace(stderr.String()))
 	}
 	return nil
-}
-
-// removeMain is removeRole's main: first the namespace's maps, then the
-// removal, with root's power over every id the namespace maps.
-func removeMain(dir string) int {
-	if err := userns.Wait(syscall.SIGKILL); err != nil {
-		fmt.Fprintln(os.Stderr, "moat:", err)
-		return ExitError
-	}
-	if err := os.RemoveAll(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "moat:", err)
-		return ExitError
-	}
-	return ExitOK
 }
 
 // rootlessChecks are moat doctor's checks for running without root, in

@@ -23,6 +23,7 @@ import (
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/keys"
 	"moat.dev/moat/internal/resources"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
 	"moat.dev/moat/internal/userns"
@@ -67,21 +68,7 @@ func newEnv() (*env, error) {
 		return nil, fmt.Errorf("finding the moat binary: %w", err)
 	}
 	exe, _ = filepath.EvalSymlinks(exe)
-	return &env{dirs: dirs, exe: exe, runsc: runscPath(exe)}, nil
-}
-
-// runscPath finds runsc: $MOAT_RUNSC, else next to moat, else on PATH.
-func runscPath(exe string) string {
-	if p := os.Getenv("MOAT_RUNSC"); p != "" {
-		return p
-	}
-	if p := filepath.Join(filepath.Dir(exe), "runsc"); fileExists(p) {
-		return p
-	}
-	if p, err := exec.LookPath("runsc"); err == nil {
-		return p
-	}
-	return filepath.Join(filepath.Dir(exe), "runsc")
+	return &env{dirs: dirs, exe: exe, runsc: roles.RunscPath(exe)}, nil
 }
 
 func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
@@ -184,7 +171,7 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	}
 	// Checked again at each start (daemonmain.go); here so that a refused
 	// workspace leaves no sandbox behind.
-	if err := checkShares([]config.Share{{Path: ws, Source: workspaceSource}}, e.dirs.State); err != nil {
+	if err := roles.CheckShares([]config.Share{{Path: ws, Source: roles.WorkspaceSource}}, e.dirs.State); err != nil {
 		return "", nil, withCode(ExitUsage, err)
 	}
 	if err := e.consent(cfg); err != nil {
@@ -406,7 +393,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	defer logf.Close()
 	devnull, _ := os.Open(os.DevNull)
 	defer devnull.Close()
-	cmd := exec.Command(exe, "__daemon", dir)
+	cmd := exec.Command(exe, roles.DaemonRole, dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
 	environ, values, err := daemonEnviron(rec)
@@ -420,7 +407,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		return nil, err
 	}
 	cmd.ExtraFiles = []*os.File{wr, srd}
-	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, buildEnv+"="+moatVersion())
+	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, roles.BuildEnv+"="+roles.MoatVersion())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()

@@ -99,14 +99,6 @@ func withPresetEnv(rec *state.Record, sessEnv map[string]string) map[string]stri
 	return sessEnv
 }
 
-// idleTimeout is the daemon's idle stop setting: 0 for "off".
-func idleTimeout(s config.Sandbox) time.Duration {
-	if s.IdleOff {
-		return 0
-	}
-	return s.IdleTimeout
-}
-
 // connect starts the sandbox if need be and connects to its agent. A
 // command that races an idle stop (the daemon refuses new sessions once it
 // has decided to stop, or is gone by the time we dial) waits for the stop

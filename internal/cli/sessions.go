@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,75 +16,8 @@ import (
 
 	"moat.dev/moat/internal/agentstate"
 	"moat.dev/moat/internal/config"
-	"moat.dev/moat/internal/daemon"
-	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 )
-
-// agentShares are the mounts of the agents' state directories at the
-// guest's ~/.claude and ~/.codex (internal/agentstate), folded in from the
-// project's main line. Keeping the conversations is not worth a sandbox
-// that does not start: a failure is logged and the sandbox starts
-// without them (the agents then write into the guest's own layer), but a
-// mount the share checks refuse is an error like any share's.
-func agentShares(dirs state.Dirs, rec *state.Record, dir string, log *slog.Logger) ([]runtime.Share, error) {
-	// The gate process builds the same options, jailed: it mounts nothing.
-	if len(os.Args) > 1 && os.Args[1] == daemon.GateRole {
-		return nil, nil
-	}
-	s, err := agentstate.NewStore(dirs.State)
-	if err != nil {
-		log.Warn("agents' conversations not kept", "err", err)
-		return nil, nil
-	}
-	s.Note = func(m string) { log.Info("agent state: " + m) }
-	// A guest restored from its checkpoint holds its files open: its
-	// directory is mounted as it was, not rewritten.
-	restoring := fileExists(runtime.SuspendDir(dir))
-	ms, err := s.Start(rec.Workspace, rec.Name, rec.GuestUID, rec.GuestGID, restoring)
-	if err != nil {
-		log.Warn("agents' conversations not kept for this run", "err", err)
-		return nil, nil
-	}
-	_, home := guestUser(rec.GuestUID)
-	var shares []config.Share
-	var out []runtime.Share
-	for _, m := range ms {
-		shares = append(shares, config.Share{Path: m.Source, Source: "the agents' kept state"})
-		out = append(out, runtime.Share{Source: m.Source, Target: filepath.Join(home, m.Target), RW: true})
-	}
-	if err := checkShares(shares, dirs.State); err != nil {
-		return nil, err
-	}
-	return out, nil
-}
-
-// saveAgentState commits and merges the sandbox's agent state when its
-// daemon ends (the sandbox stopped or was suspended). It runs after the
-// daemon's lock is released, so `moat down` may return first; whoever
-// reads the state next (a start, moat sessions, destroy) commits the
-// directory itself, under the same project lock.
-func saveAgentState(dir string, log *slog.Logger) {
-	e, err := newEnv()
-	if err != nil {
-		log.Warn("saving the agents' conversations", "err", err)
-		return
-	}
-	rec, err := state.Load(dir)
-	if err != nil {
-		log.Warn("saving the agents' conversations", "err", err)
-		return
-	}
-	s, err := agentstate.NewStore(e.dirs.State)
-	if err != nil {
-		log.Warn("saving the agents' conversations", "err", err)
-		return
-	}
-	s.Note = func(m string) { log.Info("agent state: " + m) }
-	if err := s.Save(rec.Workspace, rec.Name); err != nil {
-		log.Warn("saving the agents' conversations", "err", err)
-	}
-}
 
 // removeAgentState merges a destroyed sandbox's agent state into its
 // project and removes its directory.

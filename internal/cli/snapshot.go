@@ -18,6 +18,7 @@ import (
 	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/disk"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 )
@@ -264,7 +265,7 @@ func (e *env) fillSnapshot(dir, tmp string, info *snapshotInfo) error {
 		m, _ = checkpoint.Read(runtime.SuspendDir(tmp))
 	}
 	if m == nil {
-		now, err := checkpoint.Host(moatVersion(), e.runsc, nil)
+		now, err := checkpoint.Host(roles.MoatVersion(), e.runsc, nil)
 		if err != nil {
 			return err
 		}
@@ -509,7 +510,7 @@ func (e *env) checkSnapshot(dir string, rec *state.Record, info *snapshotInfo) e
 	if info.Manifest.Schema != 1 {
 		return refuse("its snapshot.json has no manifest of what saved it")
 	}
-	now, err := checkpoint.Host(moatVersion(), e.runsc, &info.Manifest)
+	now, err := checkpoint.Host(roles.MoatVersion(), e.runsc, &info.Manifest)
 	if err != nil {
 		return err
 	}

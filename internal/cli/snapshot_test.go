@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"moat.dev/moat/internal/checkpoint"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 )
@@ -106,7 +107,7 @@ func fakeRunsc(t *testing.T, version string) string {
 // sandbox and the snapshot are left as they were.
 func TestCheckSnapshot(t *testing.T) {
 	e := &env{runsc: fakeRunsc(t, "test-1")}
-	here, err := checkpoint.Host(moatVersion(), e.runsc, nil)
+	here, err := checkpoint.Host(roles.MoatVersion(), e.runsc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +158,7 @@ func TestCheckSnapshot(t *testing.T) {
 // without a manifest (a moat from before manifests).
 func TestCheckSaved(t *testing.T) {
 	e := &env{runsc: fakeRunsc(t, "test-1")}
-	here, err := checkpoint.Host(moatVersion(), e.runsc, nil)
+	here, err := checkpoint.Host(roles.MoatVersion(), e.runsc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"runtime/debug"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -14,6 +13,7 @@ import (
 	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/disk"
+	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/session"
 	"moat.dev/moat/internal/state"
@@ -260,32 +260,6 @@ func discardSuspended(dir string) error {
 	})
 }
 
-// moatVersion is moat's version as saved images record it
-// (checkpoint.Manifest): a dev build adds its source revision, so that
-// two dev builds of different code do not pass for one.
-func moatVersion() string {
-	if Version != "dev" {
-		return Version
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return Version
-	}
-	var rev, dirty string
-	for _, s := range bi.Settings {
-		switch {
-		case s.Key == "vcs.revision":
-			rev = s.Value[:min(12, len(s.Value))]
-		case s.Key == "vcs.modified" && s.Value == "true":
-			dirty = "-dirty"
-		}
-	}
-	if rev == "" {
-		return Version
-	}
-	return Version + "-" + rev + dirty
-}
-
 // checkSaved refuses, before runsc is asked, to restore a suspended
 // sandbox's image on a host other than the one that saved it: another
 // gVisor, or a CPU without a feature the guest had (checkpoint.Compare).
@@ -319,7 +293,7 @@ func (e *env) checkSaved(dir string) error {
 	if err != nil {
 		return refuse(fmt.Sprintf("its image's manifest is unreadable (%v)", err))
 	}
-	now, err := checkpoint.Host(moatVersion(), e.runsc, saved)
+	now, err := checkpoint.Host(roles.MoatVersion(), e.runsc, saved)
 	if err != nil {
 		return err
 	}

@@ -12,9 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"moat.dev/moat/internal/config"
-	"moat.dev/moat/internal/daemon"
-	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
 	"moat.dev/moat/internal/ticket"
 )
@@ -136,41 +133,6 @@ func (e *env) work(out io.Writer, name string, only []string) error {
 	fmt.Fprintf(os.Stderr, "moat: ticket %s: %s in %s; enter it with: moat shell %s\n", name, strings.Join(repos, ", "), ws, rec.Name)
 	fmt.Fprintln(out, ws)
 	return nil
-}
-
-// ticketShares are the git mounts of the ticket whose workspace ws is,
-// none for any other sandbox: added to the plan at each start
-// (daemonmain.go), so that they follow the worktrees the ticket has now.
-func ticketShares(dirs state.Dirs, ws string) ([]runtime.Share, error) {
-	// The gate process builds the same options but mounts nothing, and
-	// runs jailed as a uid of its own that may not read the ticket's
-	// record: the daemon's process alone needs these.
-	if len(os.Args) > 1 && os.Args[1] == daemon.GateRole {
-		return nil, nil
-	}
-	s, err := ticket.NewStore(dirs.State)
-	if err != nil {
-		return nil, err
-	}
-	t, err := s.ForWorkspace(ws)
-	if err != nil || t == nil {
-		return nil, err
-	}
-	ms, err := t.Mounts()
-	if err != nil {
-		return nil, err
-	}
-	var shares []config.Share
-	var out []runtime.Share
-	for _, m := range ms {
-		shares = append(shares, config.Share{Path: m.Path, Source: "ticket " + t.Name})
-		out = append(out, runtime.Share{Source: m.Path, Target: m.Path, RW: m.RW})
-	}
-	// The same refusals as any share: nothing of moat's state, no socket.
-	if err := checkShares(shares, dirs.State); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func newPRCmd() *cobra.Command {

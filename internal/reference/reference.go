@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/cobra/doc"
 
 	"moat.dev/moat/internal/cli"
+	"moat.dev/moat/internal/roles"
 )
 
 // Write writes the command reference into dir: one Markdown page
@@ -36,7 +37,7 @@ func Write(dir string, man bool) error {
 	if err := os.MkdirAll(mdir, 0o755); err != nil {
 		return fmt.Errorf("writing the man pages: %w", err)
 	}
-	hdr := &doc.GenManHeader{Title: "MOAT", Section: "1", Source: "moat " + cli.Version, Manual: "moat manual"}
+	hdr := &doc.GenManHeader{Title: "MOAT", Section: "1", Source: "moat " + roles.Version, Manual: "moat manual"}
 	if err := doc.GenManTree(root, hdr, mdir); err != nil {
 		return fmt.Errorf("writing the man pages: %w", err)
 	}

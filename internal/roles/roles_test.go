@@ -1,4 +1,4 @@
-package cli
+package roles
 
 import (
 	"strings"
@@ -13,29 +13,29 @@ func TestRoleMainRefuses(t *testing.T) {
 		{"moat-sandbox", "run"},
 		{"moat-sandbox", "--help"},
 	} {
-		if got := RoleMain(args); got != ExitUsage {
-			t.Errorf("RoleMain(%q) = %d, want %d", args, got, ExitUsage)
+		if got := RoleMain(args); got != exitUsage {
+			t.Errorf("RoleMain(%q) = %d, want %d", args, got, exitUsage)
 		}
 	}
 }
 
 // A daemon runs only for a moat of its own build, which says so in
-// buildEnv.
+// BuildEnv.
 func TestSameBuild(t *testing.T) {
-	own := moatVersion()
-	if err := sameBuild(own); err != nil {
-		t.Errorf("sameBuild(own build %q) = %v, want nil", own, err)
+	own := MoatVersion()
+	if err := SameBuild(own); err != nil {
+		t.Errorf("SameBuild(own build %q) = %v, want nil", own, err)
 	}
 	for _, tc := range []struct{ cli, want string }{
 		{"", "started by moat"},
 		{own + "-other", "build " + own + "-other"},
 	} {
-		err := sameBuild(tc.cli)
+		err := SameBuild(tc.cli)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("sameBuild(%q) = %v, want an error saying %q", tc.cli, err, tc.want)
+			t.Errorf("SameBuild(%q) = %v, want an error saying %q", tc.cli, err, tc.want)
 		}
 	}
-	if err := sameBuild(own + "-other"); err == nil || !strings.Contains(err.Error(), "scripts/setup.sh") {
+	if err := SameBuild(own + "-other"); err == nil || !strings.Contains(err.Error(), "scripts/setup.sh") {
 		t.Errorf("sameBuild of another build = %v, want it to say how to install both", err)
 	}
 }
