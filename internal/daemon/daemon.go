@@ -140,7 +140,8 @@ type daemon struct {
 	gateIDs   gateIDs
 	shim      *shimConn
 	guestGo   chan struct{} // closed once the gate process has started the guest
-	shimReady chan struct{} // closed once d.shim is set
+	shimReady chan struct{} // closed once d.shim is set, after recorded
+	recorded  chan struct{} // closed once the record says the sandbox starts
 	goOnce    sync.Once
 	agentUp   sync.Once // the OOM guard starts once the guest agent answers
 	bootOnce  sync.Once
@@ -165,9 +166,10 @@ func Run(o Options) error {
 }
 
 // newDaemon is a daemon before its start: the keeper's, or the gate
-// process's (which never uses guestGo and shimReady).
+// process's (which never uses guestGo, shimReady and recorded).
 func newDaemon(o Options) *daemon {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{}),
+		recorded: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	return d
 }
@@ -263,13 +265,13 @@ func (d *daemon) run() error {
 		return fail(err)
 	}
 	d.started = time.Now()
-	if err := d.updateRecord(func(r *state.Record) error {
-		r.State, r.StopReason, r.Error = d.startState(r), "", "" // suspend.go: boot or restore
-		r.DaemonPID, r.Started = os.Getpid(), d.started
-		return nil
-	}); err != nil {
+	rec, err := state.Load(d.o.Dir)
+	if err != nil {
 		return fail(err)
 	}
+	// Boot or restore (suspend.go), decided before the shim's plan is
+	// written, which says which; recorded once the processes are started.
+	startAs := d.startState(rec)
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
@@ -302,6 +304,20 @@ func (d *daemon) run() error {
 	}
 	undo[stepShim] = shim.Close
 	undo[stepGuest] = func() error { return d.stopGuest(shim, end.graceful) }
+	// The record says the sandbox starts only now: its write (an fsync)
+	// runs while the two processes just started load, where before it
+	// delayed both. Neither can start the guest sooner: the gate process
+	// reads the record after its first call, "handover", and asks for the
+	// guest with "go", and the keeper answers neither before this
+	// (recorded, shimReady).
+	if err := d.updateRecord(func(r *state.Record) error {
+		r.State, r.StopReason, r.Error = startAs, "", ""
+		r.DaemonPID, r.Started = os.Getpid(), d.started
+		return nil
+	}); err != nil {
+		return fail(err)
+	}
+	close(d.recorded)
 	d.shim = shim
 	close(d.shimReady)
 	daemonLog := filepath.Join(d.o.Dir, "daemon.log")

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -204,13 +205,20 @@ func (d *daemon) runGate() error {
 	return nil
 }
 
-// writeGuestSpec writes what the guest's init is told (guestspec).
+// writeGuestSpec writes what the guest's init is told (guestspec), only
+// when it changed, as ca.pem (credentials.go): each write is an fsync on
+// the gate process's way to "go", and a resume or a restart of an
+// unchanged sandbox would write the same bytes again.
 func (d *daemon) writeGuestSpec() error {
 	b, err := json.MarshalIndent(d.o.Guest, "", "  ")
 	if err != nil {
 		return err
 	}
-	return state.WriteAtomic(filepath.Join(d.o.Plan.GuestDir, "guest.json"), b, 0o644)
+	path := filepath.Join(d.o.Plan.GuestDir, "guest.json")
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, b) {
+		return nil
+	}
+	return state.WriteAtomic(path, b, 0o644)
 }
 
 // lockDown jails the process (internal/lockdown): its uid, no

@@ -336,6 +336,14 @@ type (
 func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMessage) (any, []*os.File, error) {
 	switch method {
 	case "handover":
+		// The gate process reads the record next, so not before it
+		// says the sandbox starts (run writes it after this process's
+		// start).
+		select {
+		case <-d.recorded:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
 		// Once: the values stay in the keeper only as long as it takes.
 		env := d.o.SecretEnv
 		d.o.SecretEnv = nil
