@@ -19,6 +19,7 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/guestspec"
+	"moat.dev/moat/internal/kubert"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/runtime"
@@ -39,6 +40,9 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 	rec, err := state.Load(dir)
 	if err != nil {
 		return err
+	}
+	if rec.Runtime == runtimeKube {
+		return e.kubeAttach(dir, rec, argv) // kube.go: the pod's own directory and environment
 	}
 	sessEnv, err = withConfigEnv(rec, sessEnv)
 	if err != nil {
@@ -89,6 +93,7 @@ func sessionDir(ws string) string {
 func newRunCmd() *cobra.Command {
 	var name, runtime string
 	var trust bool
+	var kf kubeFlags
 	c := &cobra.Command{
 		Use:   "run [--name N] [PRESET] [-- command or arguments...]",
 		Short: "Run a command or a coding agent in this directory's sandbox, creating and starting it if needed",
@@ -117,6 +122,9 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 				return err
 			}
 			e.trustProject, e.runtime = trust, runtime
+			if handled, err := e.kubeRun(name, kf, p != nil, argv); handled {
+				return err // kube.go
+			}
 			dir, rec, err := e.forCwd(name)
 			if err != nil {
 				return err
@@ -141,6 +149,10 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 	c.Flags().StringVar(&name, "name", "", "sandbox name (default: from moat.toml or the directory)")
 	c.Flags().BoolVar(&trust, "trust-project", false, "accept the secrets and trusted roots the project's moat.toml asks for (asked on a terminal otherwise)")
 	c.Flags().StringVar(&runtime, "runtime", "", runtimeFlagHelp)
+	c.Flags().StringVar(&kf.context, "context", "", "runtime kubernetes: the kubeconfig context (default: its current one)")
+	c.Flags().StringVar(&kf.namespace, "namespace", "", "runtime kubernetes: the namespace of the template and the claim (default: the context's, else default)")
+	c.Flags().StringVar(&kf.template, "template", "", "runtime kubernetes: the SandboxTemplate to claim a sandbox of, from its warm pool")
+	c.Flags().StringVar(&kf.gateNamespace, "gate-namespace", "", "runtime kubernetes: the namespace of moat's gate DaemonSet, whose audit moat network audit reads (default: moat-gate)")
 	return c
 }
 
@@ -289,6 +301,9 @@ keeps the configuration it was made with; --reconfigure takes the files again.`,
 			if err != nil {
 				return err
 			}
+			if rec.Runtime == runtimeKube {
+				return kubeNoDaemon(rec)
+			}
 			if reconf {
 				if err := e.reconfigure(dir, rec); err != nil {
 					return err
@@ -336,6 +351,9 @@ workspace is your own directory and is never touched.`,
 			dir, rec, err := e.resolve(args)
 			if err != nil {
 				return err
+			}
+			if rec.Runtime == runtimeKube {
+				return kubeNoDaemon(rec)
 			}
 			if rec.Runtime == runtimeDocker {
 				return dockerStop(dir)
@@ -387,6 +405,12 @@ destroys it and removes the worktrees, keeping their branches.`,
 					return errors.New("not destroyed")
 				}
 			}
+			if rec.Runtime == runtimeKube {
+				if err := e.kubeDestroy(dir, rec); err != nil {
+					return err
+				}
+				return tk.remove()
+			}
 			if rec.Runtime == runtimeDocker {
 				if err := dockerDown(dir); err != nil {
 					return fmt.Errorf("not destroyed: %w", err)
@@ -422,6 +446,7 @@ type listEntry struct {
 	StopReason string    `json:"stop_reason,omitempty"`
 	Image      string    `json:"image"`
 	Workspace  string    `json:"workspace"`
+	Runtime    string    `json:"runtime,omitempty"` // gvisor, docker or kubernetes
 	Created    time.Time `json:"created"`
 	Started    time.Time `json:"started,omitzero"`
 	PID        int       `json:"daemon_pid,omitempty"`
@@ -449,14 +474,19 @@ type listEntry struct {
 	SuspendImageBytes int64 `json:"suspend_image_bytes,omitempty"`
 	// SnapshotBytes: its named snapshots on disk (moat snapshot list).
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"`
+	// Claim: a Kubernetes sandbox's claim (kube.go).
+	Claim *kubert.Record `json:"claim,omitempty"`
 
 	dir string // its state directory
 }
 
 func (e *env) entry(r *state.Record) listEntry {
 	dir := e.dirs.Sandbox(r.Name)
+	if r.Runtime == runtimeKube {
+		return kubeEntry(r, dir)
+	}
 	st, reason := state.Effective(r, dir)
-	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image,
+	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image, Runtime: runtimeName(r.Runtime),
 		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits(), dir: dir}
 	le.SuspendImageBytes, _ = runtime.ImageSize(dir)
 	le.SnapshotBytes = snapshotBytes(dir)
@@ -515,11 +545,11 @@ image and workspace. --json prints one object per sandbox, "schema": 1.`,
 				return json.NewEncoder(out).Encode(map[string]any{"schema": 1, "sandboxes": entries})
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tSTATE\tCPU\tMEMORY\tDISK\tIMAGE\tWORKSPACE")
+			fmt.Fprintln(tw, "NAME\tSTATE\tCPU\tMEMORY\tDISK\tIMAGE\tWORKSPACE\tRUNTIME")
 			for _, r := range recs {
 				le := e.entry(r)
 				cpu, mem := resourceColumns(le.Resources)
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", le.Name, stateText(le), cpu, mem, diskColumn(le.Disk), le.Image, le.Workspace)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", le.Name, stateText(le), cpu, mem, diskColumn(le.Disk), le.Image, le.Workspace, le.Runtime)
 			}
 			return tw.Flush()
 		},

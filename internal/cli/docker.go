@@ -43,14 +43,14 @@ func sandboxRuntime(flag string, cfg config.Config) (string, error) {
 	switch rt {
 	case "", "gvisor":
 		return "gvisor", nil
-	case runtimeDocker:
+	case runtimeDocker, runtimeKube:
 		return rt, nil
 	}
 	where := "--runtime"
 	if flag == "" {
 		where = "[sandbox] runtime"
 	}
-	return "", codef(ExitUsage, "%s %q: write gvisor (moat's own sandbox) or docker (containers through the Docker engine)", where, rt)
+	return "", codef(ExitUsage, "%s %q: write gvisor (moat's own sandbox), docker (containers through the Docker engine) or kubernetes (a claim on a cluster)", where, rt)
 }
 
 // dockerHelper is moat-docker, which holds the Docker SDK that moat does
@@ -277,7 +277,9 @@ func dockerSecrets(ctx context.Context, policy []string, presets []string) (map[
 // gvisorOnly refuses, for a Docker sandbox, what only moat's own runtime
 // does yet: a daemon of its own (moat up, ssh-config, resume).
 func gvisorOnly(dir string) error {
-	if r, err := state.Load(dir); err == nil && r.Runtime == runtimeDocker {
+	if r, err := state.Load(dir); err == nil && r.Runtime == runtimeKube {
+		return kubeNoDaemon(r)
+	} else if err == nil && r.Runtime == runtimeDocker {
 		return codef(ExitUsage, "sandbox %q runs on Docker, which starts with its first session and has no daemon; use: moat run (see docs/docker.md)", r.Name)
 	}
 	return nil
@@ -354,4 +356,4 @@ func dockerNotes(w io.Writer, runsc string) {
 }
 
 // runtimeFlagHelp is --runtime's help.
-var runtimeFlagHelp = "runtime of a new sandbox: " + strings.Join([]string{"gvisor", runtimeDocker}, " or ") + " (default: [sandbox] runtime, else gvisor)"
+var runtimeFlagHelp = "runtime of a new sandbox: " + "gvisor, " + runtimeDocker + " or " + runtimeKube + " (default: [sandbox] runtime, else gvisor)"

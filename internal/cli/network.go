@@ -213,18 +213,27 @@ without NAME): how often, when last, and why, as the audit log says it.`,
 // denials asks the running daemon for its ledger; for a stopped sandbox it
 // rebuilds one from the audit log.
 func (e *env) denials(dir string, rec *state.Record) (*control.Denials, error) {
-	if d, ok := ask(sandboxAt(dir), 5*time.Second, (*control.Client).Denials); ok {
-		return d, nil
-	}
 	l := audit.NewLedger(1024)
-	err := audit.Read(auditPath(dir, rec), func(r audit.Record) bool {
+	add := func(r audit.Record) bool {
 		// As the gate's own ledger: no DNS, no MCP calls (their
 		// destination is allowed; the rule that refused the call is).
 		if r.Verdict == audit.Deny && r.Proto != "dns" && r.Proto != "mcp" {
 			l.Add(r)
 		}
 		return true
-	})
+	}
+	if rec.Runtime == runtimeKube {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := kubeAudit(ctx, dir, false, func(r audit.Record) { add(r) }); err != nil {
+			return nil, err
+		}
+		return &control.Denials{Schema: control.Schema, Total: l.Total(), Entries: l.Entries()}, nil
+	}
+	if d, ok := ask(sandboxAt(dir), 5*time.Second, (*control.Client).Denials); ok {
+		return d, nil
+	}
+	err := audit.Read(auditPath(dir, rec), add)
 	if err != nil && !os.IsNotExist(err) {
 		return nil, fmt.Errorf("reading the audit log: %w", err)
 	}
@@ -252,31 +261,11 @@ retention).`,
 			if err != nil {
 				return err
 			}
-			out := c.OutOrStdout()
-			enc := json.NewEncoder(out)
-			print := func(r audit.Record) {
-				if asJSON {
-					enc.Encode(r)
-					return
-				}
-				name := r.Name
-				if name == "" {
-					name = "-"
-				}
-				if r.Proto == "mcp" {
-					name = strings.TrimSpace(fmt.Sprintf("%s %s %s %s%s", name, r.MCPServer, r.MCPMethod, r.MCPTool, r.MCPURI))
-				}
-				why := audit.Why(r.Layer, r.Rule, r.Reason)
-				verdict := r.Verdict
-				switch {
-				case r.Count > 0:
-					// An aggregate: the first of these has a line of its own.
-					why = fmt.Sprintf("%s (%d more until %s)", why, r.Count, r.Last.Local().Format("15:04:05"))
-				case r.Phase == audit.PhaseEnd:
-					verdict = "end"
-					why = fmt.Sprintf("%d B up, %d B down in %d ms; %s", r.BytesUp, r.BytesDown, r.DurationMS, why)
-				}
-				fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
+			print := auditPrinter(c.OutOrStdout(), asJSON)
+			if rec.Runtime == runtimeKube {
+				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+				defer stop()
+				return kubeAudit(ctx, dir, follow, print) // the gate's records through the API (kube.go)
 			}
 			path := auditPath(dir, rec)
 			if !follow {
@@ -298,6 +287,36 @@ retention).`,
 	c.Flags().BoolVar(&asJSON, "json", false, "print each record as JSON (schema 1)")
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new decisions until Ctrl-C")
 	return c
+}
+
+// auditPrinter prints audit records as moat network audit shows them: a
+// line each, or with asJSON the record as JSON.
+func auditPrinter(out io.Writer, asJSON bool) func(audit.Record) {
+	enc := json.NewEncoder(out)
+	return func(r audit.Record) {
+		if asJSON {
+			enc.Encode(r)
+			return
+		}
+		name := r.Name
+		if name == "" {
+			name = "-"
+		}
+		if r.Proto == "mcp" {
+			name = strings.TrimSpace(fmt.Sprintf("%s %s %s %s%s", name, r.MCPServer, r.MCPMethod, r.MCPTool, r.MCPURI))
+		}
+		why := audit.Why(r.Layer, r.Rule, r.Reason)
+		verdict := r.Verdict
+		switch {
+		case r.Count > 0:
+			// An aggregate: the first of these has a line of its own.
+			why = fmt.Sprintf("%s (%d more until %s)", why, r.Count, r.Last.Local().Format("15:04:05"))
+		case r.Phase == audit.PhaseEnd:
+			verdict = "end"
+			why = fmt.Sprintf("%d B up, %d B down in %d ms; %s", r.BytesUp, r.BytesDown, r.DurationMS, why)
+		}
+		fmt.Fprintf(out, "%s  %-5s %-4s %-21s %s  %s\n", r.Time.Local().Format("15:04:05.000"), verdict, r.Proto, r.Dst, name, why)
+	}
 }
 
 // hostRun runs one of the host's tools for discovery, bounded in time.

@@ -193,6 +193,10 @@ func (e *env) create(ws, name string) (string, *state.Record, error) {
 	if err != nil {
 		return "", nil, err
 	}
+	if rt == runtimeKube {
+		// Only moat run claims one (kube.go), with its template.
+		return "", nil, codef(ExitUsage, "a sandbox on Kubernetes is a claim that moat run makes: moat run --runtime kubernetes --template TEMPLATE -- COMMAND (docs/kubernetes.md)")
+	}
 	if rt != runtimeDocker && cfg.Sandbox.Image != "" && cfg.Sandbox.Image != "host" {
 		store, err := e.images()
 		if err != nil {

@@ -132,12 +132,12 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 	}
 	if r.Runtime != nil {
 		switch *r.Runtime {
-		case "gvisor", "docker":
+		case "gvisor", "docker", "kubernetes":
 			s.Runtime = r.Runtime
 		case "runc", "vm":
 			c.fail("sandbox.runtime", "runtime %q is not supported yet; remove the line, or write \"gvisor\" or \"docker\"", *r.Runtime)
 		default:
-			c.fail("sandbox.runtime", "unknown runtime %q; write \"gvisor\" (moat's own sandbox) or \"docker\" (containers through the Docker engine; docs/docker.md)", *r.Runtime)
+			c.fail("sandbox.runtime", "unknown runtime %q; write \"gvisor\" (moat's own sandbox), \"docker\" (containers through the Docker engine; docs/docker.md) or \"kubernetes\" (a claim on a cluster; docs/kubernetes.md)", *r.Runtime)
 		}
 	}
 	s.CPUs = c.atLeast("sandbox.cpus", r.CPUs, 1)

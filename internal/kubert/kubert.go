@@ -98,6 +98,22 @@ var ErrNotFound = errors.New("not found on the cluster")
 // refuses, an ambiguous template).
 var ErrUsage = errors.New("bad request")
 
+// classed is an error of a class (ErrUnreachable, ErrNotFound,
+// ErrUsage) whose message is its own: the class is for errors.Is and the
+// exit code, and would read as noise in the sentence.
+type classed struct {
+	class error
+	msg   string
+}
+
+func (e *classed) Error() string { return e.msg }
+func (e *classed) Unwrap() error { return e.class }
+
+// Errorf is an error of class with the message format makes.
+func Errorf(class error, format string, a ...any) error {
+	return &classed{class: class, msg: fmt.Sprintf(format, a...)}
+}
+
 // Exit codes of moat-kube (frozen; 2 is Go's on a panic).
 const (
 	ExitOK          = 0
@@ -304,10 +320,10 @@ func ParseExecArgs(args []string) (ExecArgs, error) {
 		switch args[0] {
 		case "--record":
 			if len(args) < 2 {
-				return a, fmt.Errorf("%w: --record needs a value", ErrUsage)
+				return a, Errorf(ErrUsage, "--record needs a value")
 			}
 			if err := json.Unmarshal([]byte(args[1]), &a.Record); err != nil {
-				return a, fmt.Errorf("%w: --record: %v", ErrUsage, err)
+				return a, Errorf(ErrUsage, "--record: %v", err)
 			}
 			args = args[2:]
 		case "--tty":
@@ -316,14 +332,14 @@ func ParseExecArgs(args []string) (ExecArgs, error) {
 		case "--":
 			a.Argv = args[1:]
 			if len(a.Argv) == 0 {
-				return a, fmt.Errorf("%w: no command after --", ErrUsage)
+				return a, Errorf(ErrUsage, "no command after --")
 			}
 			return a, nil
 		default:
-			return a, fmt.Errorf("%w: unknown argument %q", ErrUsage, args[0])
+			return a, Errorf(ErrUsage, "unknown argument %q", args[0])
 		}
 	}
-	return a, fmt.Errorf("%w: no command: give it after --", ErrUsage)
+	return a, Errorf(ErrUsage, "no command: give it after --")
 }
 
 // Exec runs a.Argv in the claim's pod with stdin, stdout and stderr, and

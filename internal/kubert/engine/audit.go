@@ -33,7 +33,7 @@ func auditRecords(ctx context.Context, req kubert.AuditRequest, w io.Writer) err
 		node = pod.Spec.NodeName
 	}
 	if node == "" {
-		return fmt.Errorf("%w: the claim's node is not known (its pod is gone and none was recorded)", kubert.ErrNotFound)
+		return kubert.Errorf(kubert.ErrNotFound, "the claim's node is not known (its pod is gone and none was recorded)")
 	}
 	gateNS := r.GateNamespace
 	if gateNS == "" {
@@ -51,8 +51,8 @@ func auditRecords(ctx context.Context, req kubert.AuditRequest, w io.Writer) err
 		}
 	}
 	if len(live) == 0 {
-		return fmt.Errorf("%w: no running gate pod on node %s in namespace %s (label %s); the node's audit file is /var/log/moat-gate/kubernetes.jsonl on the node itself",
-			kubert.ErrNotFound, node, gateNS, kubert.GateLabel)
+		return kubert.Errorf(kubert.ErrNotFound, "no running gate pod on node %s in namespace %s (label %s); the node's audit file is /var/log/moat-gate/kubernetes.jsonl on the node itself",
+			node, gateNS, kubert.GateLabel)
 	}
 	// The newest: its audit container replayed the node's whole file when
 	// it started, so it holds what an older one does.

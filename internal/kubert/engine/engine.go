@@ -84,7 +84,7 @@ func readJSON(v any) error {
 		return fmt.Errorf("reading the request: %w", err)
 	}
 	if err := json.Unmarshal(b, v); err != nil {
-		return fmt.Errorf("%w: reading the request: %v", kubert.ErrUsage, err)
+		return kubert.Errorf(kubert.ErrUsage, "reading the request: %v", err)
 	}
 	return nil
 }
@@ -104,7 +104,7 @@ func connect(ctxName string) (*clients, error) {
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: ctxName})
 	raw, err := cc.RawConfig()
 	if err != nil {
-		return nil, fmt.Errorf("%w: loading the kubeconfig (KUBECONFIG, else ~/.kube/config): %v", kubert.ErrUnreachable, err)
+		return nil, kubert.Errorf(kubert.ErrUnreachable, "loading the kubeconfig (KUBECONFIG, else ~/.kube/config): %v", err)
 	}
 	if ctxName != "" {
 		if _, ok := raw.Contexts[ctxName]; !ok {
@@ -113,14 +113,14 @@ func connect(ctxName string) (*clients, error) {
 				names = append(names, n)
 			}
 			sort.Strings(names)
-			return nil, fmt.Errorf("%w: --context %q: the kubeconfig has no such context; it has: %s", kubert.ErrUsage, ctxName, strings.Join(names, ", "))
+			return nil, kubert.Errorf(kubert.ErrUsage, "--context %q: the kubeconfig has no such context; it has: %s", ctxName, strings.Join(names, ", "))
 		}
 	} else if raw.CurrentContext == "" && len(raw.Contexts) == 0 {
-		return nil, fmt.Errorf("%w: no kubeconfig: set KUBECONFIG or write ~/.kube/config, and name a context with --context", kubert.ErrUnreachable)
+		return nil, kubert.Errorf(kubert.ErrUnreachable, "no kubeconfig: set KUBECONFIG or write ~/.kube/config, and name a context with --context")
 	}
 	rc, err := cc.ClientConfig()
 	if err != nil {
-		return nil, fmt.Errorf("%w: loading the kubeconfig: %v", kubert.ErrUnreachable, err)
+		return nil, kubert.Errorf(kubert.ErrUnreachable, "loading the kubeconfig: %v", err)
 	}
 	rc.Timeout = 30 * time.Second
 	ns, _, err := cc.Namespace()
@@ -129,10 +129,10 @@ func connect(ctxName string) (*clients, error) {
 	}
 	c := &clients{rc: rc, namespace: ns}
 	if c.cs, err = kubernetes.NewForConfig(rc); err != nil {
-		return nil, fmt.Errorf("%w: %v", kubert.ErrUnreachable, err)
+		return nil, kubert.Errorf(kubert.ErrUnreachable, "%v", err)
 	}
 	if c.ext, err = extclient.NewForConfig(rc); err != nil {
-		return nil, fmt.Errorf("%w: %v", kubert.ErrUnreachable, err)
+		return nil, kubert.Errorf(kubert.ErrUnreachable, "%v", err)
 	}
 	return c, nil
 }
@@ -144,9 +144,9 @@ func apiErr(err error, what string) error {
 	case err == nil:
 		return nil
 	case apierrors.IsNotFound(err):
-		return fmt.Errorf("%w: %s: %v", kubert.ErrNotFound, what, err)
+		return kubert.Errorf(kubert.ErrNotFound, "%s: %v", what, err)
 	case apierrors.IsInvalid(err), apierrors.IsBadRequest(err):
-		return fmt.Errorf("%w: %s: %v", kubert.ErrUsage, what, err)
+		return kubert.Errorf(kubert.ErrUsage, "%s: %v", what, err)
 	case apierrors.IsForbidden(err), apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%s: %v (ask the cluster's admin for that access)", what, err)
 	}
@@ -154,7 +154,7 @@ func apiErr(err error, what string) error {
 	if errors.As(err, &se) {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	return fmt.Errorf("%w: %s: %v", kubert.ErrUnreachable, what, err)
+	return kubert.Errorf(kubert.ErrUnreachable, "%s: %v", what, err)
 }
 
 // claimPollEvery is how often the claim's wait looks again: a warm
@@ -166,7 +166,7 @@ const claimPollEvery = 200 * time.Millisecond
 // in time is deleted: nothing is left that moat does not record.
 func claim(ctx context.Context, req kubert.ClaimRequest) (*kubert.Record, error) {
 	if req.Template == "" {
-		return nil, fmt.Errorf("%w: no template: name the SandboxTemplate with --template", kubert.ErrUsage)
+		return nil, kubert.Errorf(kubert.ErrUsage, "no template: name the SandboxTemplate with --template")
 	}
 	c, err := connect(req.Context)
 	if err != nil {
@@ -228,17 +228,17 @@ func (c *clients) poolOf(ctx context.Context, ns, template string) (string, erro
 	case slices.Contains(names, template):
 		return template, nil
 	case len(names) > 1:
-		return "", fmt.Errorf("%w: --template %s: namespace %s has several warm pools of it (%s) and none named %s; keep one, or name one after the template",
-			kubert.ErrUsage, template, ns, strings.Join(names, ", "), template)
+		return "", kubert.Errorf(kubert.ErrUsage, "--template %s: namespace %s has several warm pools of it (%s) and none named %s; keep one, or name one after the template",
+			template, ns, strings.Join(names, ", "), template)
 	}
 	if _, err := c.ext.ExtensionsV1beta1().SandboxTemplates(ns).Get(ctx, template, metav1.GetOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
-			return "", fmt.Errorf("%w: --template %s: namespace %s has no SandboxTemplate of that name (--namespace picks another namespace)", kubert.ErrNotFound, template, ns)
+			return "", kubert.Errorf(kubert.ErrNotFound, "--template %s: namespace %s has no SandboxTemplate of that name (--namespace picks another namespace)", template, ns)
 		}
 		return "", apiErr(err, "reading SandboxTemplate "+template)
 	}
-	return "", fmt.Errorf("%w: --template %s: namespace %s has no SandboxWarmPool of it; a claim takes its sandbox from a warm pool: create a SandboxWarmPool whose templateRef names %s",
-		kubert.ErrNotFound, template, ns, template)
+	return "", kubert.Errorf(kubert.ErrNotFound, "--template %s: namespace %s has no SandboxWarmPool of it; a claim takes its sandbox from a warm pool: create a SandboxWarmPool whose templateRef names %s",
+		template, ns, template)
 }
 
 // waitBound waits until the claim has a sandbox whose pod carries the
@@ -273,12 +273,12 @@ func (c *clients) bound(ctx context.Context, rec *kubert.Record) (bool, string, 
 	cl, err := c.ext.ExtensionsV1beta1().SandboxClaims(rec.Namespace).Get(ctx, rec.Claim, metav1.GetOptions{})
 	if err != nil {
 		if apierrors.IsNotFound(err) {
-			return false, "", fmt.Errorf("%w: SandboxClaim %s in namespace %s was deleted while moat waited for it", kubert.ErrNotFound, rec.Claim, rec.Namespace)
+			return false, "", kubert.Errorf(kubert.ErrNotFound, "SandboxClaim %s in namespace %s was deleted while moat waited for it", rec.Claim, rec.Namespace)
 		}
 		return false, "reading the claim: " + err.Error(), nil
 	}
 	if string(cl.UID) != rec.ClaimUID {
-		return false, "", fmt.Errorf("%w: SandboxClaim %s was replaced while moat waited for it", kubert.ErrNotFound, rec.Claim)
+		return false, "", kubert.Errorf(kubert.ErrNotFound, "SandboxClaim %s was replaced while moat waited for it", rec.Claim)
 	}
 	conds := conditions(cl.Status.Conditions)
 	if cl.Status.SandboxStatus.Name == "" {
@@ -300,7 +300,7 @@ func (c *clients) bound(ctx context.Context, rec *kubert.Record) (bool, string, 
 // agent-sandbox, Running and not being deleted.
 func (c *clients) podOf(ctx context.Context, rec kubert.Record) (*corev1.Pod, error) {
 	if rec.ClaimUID == "" {
-		return nil, fmt.Errorf("%w: the record has no claim UID", kubert.ErrUsage)
+		return nil, kubert.Errorf(kubert.ErrUsage, "the record has no claim UID")
 	}
 	pods, err := c.cs.CoreV1().Pods(rec.Namespace).List(ctx, metav1.ListOptions{LabelSelector: extv1.SandboxIDLabel + "=" + rec.ClaimUID})
 	if err != nil {
@@ -311,7 +311,7 @@ func (c *clients) podOf(ctx context.Context, rec kubert.Record) (*corev1.Pod, er
 			return p, nil
 		}
 	}
-	return nil, fmt.Errorf("%w: no pod carries the claim's UID (label %s=%s) yet", kubert.ErrNotFound, extv1.SandboxIDLabel, rec.ClaimUID)
+	return nil, kubert.Errorf(kubert.ErrNotFound, "no pod carries the claim's UID (label %s=%s) yet", extv1.SandboxIDLabel, rec.ClaimUID)
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -54,7 +54,7 @@ func execCmd(ctx context.Context, args []string) (int, error) {
 	r := a.Record
 	cl, err := c.ext.ExtensionsV1beta1().SandboxClaims(r.Namespace).Get(ctx, r.Claim, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) || (err == nil && string(cl.UID) != r.ClaimUID) {
-		return 0, fmt.Errorf("%w: SandboxClaim %s in namespace %s is gone (deleted, or expired by its lifecycle)", kubert.ErrNotFound, r.Claim, r.Namespace)
+		return 0, kubert.Errorf(kubert.ErrNotFound, "SandboxClaim %s in namespace %s is gone (deleted, or expired by its lifecycle)", r.Claim, r.Namespace)
 	}
 	if err != nil {
 		return 0, apiErr(err, "reading SandboxClaim "+r.Claim)
