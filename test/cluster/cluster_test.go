@@ -317,6 +317,17 @@ func gateDaemonSet(ns, image string, labels map[string]string, auditDir string) 
 							{Name: "audit", MountPath: "/var/log/moat-gate"},
 							{Name: "tmp", MountPath: "/tmp"},
 						},
+					}, {
+						// The audit follower: the node's records on its
+						// stdout, which moat network audit reads.
+						Name: "audit", Image: image, ImagePullPolicy: corev1.PullNever,
+						Args: []string{"audit-follow", "/var/log/moat-gate/kubernetes.jsonl"},
+						SecurityContext: &corev1.SecurityContext{
+							RunAsUser: ptr(int64(65534)), RunAsGroup: ptr(int64(65534)), RunAsNonRoot: ptr(true), Privileged: ptr(false),
+							AllowPrivilegeEscalation: ptr(false), ReadOnlyRootFilesystem: ptr(true),
+							Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+						},
+						VolumeMounts: []corev1.VolumeMount{{Name: "audit", MountPath: "/var/log/moat-gate", ReadOnly: true}},
 					}},
 					Volumes: []corev1.Volume{
 						{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "moat-gate-config"}}}},

@@ -9,6 +9,8 @@
 //	                                  with CONNECT_IP, dial it instead of resolving
 //	client loop URL N                 N requests to URL/r/<i>, one line each
 //	client bench URL N [CONNECT_IP]   N requests, one connection each; prints the mean time
+//	client say OUT ERR CODE           OUT and a newline on stdout, ERR on stderr, exit CODE
+//	client cat                        stdin to stdout, until its end
 //	client find HEX                   whether the bytes HEX encodes are in the environment
 //	                                  or any file (hex, so that they are not in argv)
 package main
@@ -80,6 +82,17 @@ func main() {
 			}
 		}
 		fmt.Printf("requests=%d failed=%d mean_us=%d\n", n, failed, time.Since(t0).Microseconds()/int64(max(n, 1)))
+	case "say":
+		if len(os.Args) != 5 {
+			fmt.Fprintln(os.Stderr, "say OUT ERR CODE")
+			os.Exit(2)
+		}
+		code, _ := strconv.Atoi(os.Args[4])
+		fmt.Println(os.Args[2])
+		fmt.Fprint(os.Stderr, os.Args[3])
+		os.Exit(code)
+	case "cat":
+		io.Copy(os.Stdout, os.Stdin)
 	case "find":
 		v, err := hex.DecodeString(os.Args[2])
 		if err != nil {
