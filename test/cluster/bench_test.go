@@ -120,3 +120,45 @@ func TestGateOverhead(t *testing.T) {
 		e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).Delete(ctx, name, metav1.DeleteOptions{})
 	}
 }
+
+// TestCLIClaimToFirstOutput is TestClaimToFirstOutput through the moat
+// binary as a user types it: moat run --runtime kubernetes from its start
+// to its exit (moat and moat-kube starting, the claim, the wait for a
+// Ready pod, the exec and the command's output), through the gate
+// (template beta) and without (template plain); then moat destroy. The
+// figures go to docs/kubernetes.md beside the API's.
+func TestCLIClaimToFirstOutput(t *testing.T) {
+	e := kinds(t)
+	ctx := context.Background()
+	if err := e.makeUngated(ctx); err != nil && !strings.Contains(err.Error(), "already exists") {
+		t.Fatal(err)
+	}
+	c := newCLI(t)
+	const rounds = 3
+	got := map[string][]time.Duration{}
+	for i := range rounds {
+		for _, v := range []struct{ pool, url string }{
+			{"beta", "http://beta.moat.test/first"},
+			{"plain", "http://" + nodeAddr + "/first"},
+		} {
+			if err := e.waitPool(ctx, v.pool); err != nil {
+				t.Fatal(err)
+			}
+			name := fmt.Sprintf("%s-cli-%d", v.pool, i)
+			r := c.run(t, "", "run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", v.pool, "--gate-namespace", e.gateNS,
+				"--name", name, "--", "/client", "get", v.url)
+			if r.code != 0 || !strings.Contains(r.stdout, "status=200") {
+				t.Fatalf("%s: exit %d %q %q", v.pool, r.code, r.stdout, r.stderr)
+			}
+			got[v.pool] = append(got[v.pool], r.took)
+			t.Logf("%-6s round %d: moat run, claim to first output and exit: %s", v.pool, i, r.took.Round(time.Millisecond))
+			if d := c.run(t, "", "destroy", name, "--yes"); d.code != 0 {
+				t.Fatalf("moat destroy %s: %q", name, d.stderr)
+			}
+		}
+	}
+	for pool, ds := range got {
+		slices.Sort(ds)
+		t.Logf("%-6s median moat run %s (of %v)", pool, ds[len(ds)/2].Round(time.Millisecond), ds)
+	}
+}

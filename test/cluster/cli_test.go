@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -97,6 +99,35 @@ func (c *cli) run(t *testing.T, stdin string, args ...string) result {
 		t.Fatalf("moat %q: %v", args, err)
 	}
 	return r
+}
+
+// runPTY runs moat on a terminal of rows x cols, and returns what it
+// printed there and its exit code.
+func (c *cli) runPTY(t *testing.T, rows, cols uint16, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Dir = c.ws
+	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var out bytes.Buffer
+	done := make(chan struct{})
+	go func() { io.Copy(&out, f); close(done) }()
+	err = cmd.Wait()
+	f.Close()
+	<-done
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("moat %q on a terminal: %v", args, err)
+	}
+	return out.String(), code
 }
 
 // kubeRecord is the claim moat recorded for sandbox name.
@@ -195,6 +226,16 @@ func TestCLIRun(t *testing.T) {
 		t.Errorf("moat exec of a missing binary: exit 0")
 	} else {
 		t.Logf("moat exec of a missing binary: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+	}
+
+	if r := c.run(t, "", "exec", "c1", "--", "/client", "kill", "9"); r.code != 128+9 {
+		t.Errorf("moat exec of a command killed by SIGKILL: exit %d (stderr %q); want 137", r.code, r.stderr)
+	}
+	if r := c.run(t, "", "exec", "c1", "--", "/client", "tty"); !strings.Contains(r.stdout, "stdin_tty=false stdout_tty=false") {
+		t.Errorf("moat exec without a terminal: %q %q; want no terminal in the pod", r.stdout, r.stderr)
+	}
+	if out, code := c.runPTY(t, 37, 101, "exec", "c1", "--", "/client", "tty"); code != 0 || !strings.Contains(out, "stdin_tty=true stdout_tty=true size=101x37") {
+		t.Errorf("moat exec on a 101x37 terminal: exit %d, %q; want a terminal of that size in the pod", code, out)
 	}
 
 	r = c.run(t, "", "exec", "c1", "--", "/client", "get", "https://alpha.moat.test/cli")

@@ -11,6 +11,9 @@
 //	client bench URL N [CONNECT_IP]   N requests, one connection each; prints the mean time
 //	client say OUT ERR CODE           OUT and a newline on stdout, ERR on stderr, exit CODE
 //	client cat                        stdin to stdout, until its end
+//	client kill N                     kill itself with signal N
+//	client tty                        whether stdin and stdout are terminals, and the size
+//	                                  (waiting up to 3 s for the size to arrive)
 //	client find HEX                   whether the bytes HEX encodes are in the environment
 //	                                  or any file (hex, so that they are not in argv)
 package main
@@ -32,6 +35,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func main() {
@@ -93,6 +98,24 @@ func main() {
 		os.Exit(code)
 	case "cat":
 		io.Copy(os.Stdout, os.Stdin)
+	case "kill":
+		n, _ := strconv.Atoi(os.Args[2])
+		syscall.Kill(os.Getpid(), syscall.Signal(n))
+		time.Sleep(10 * time.Second)
+	case "tty":
+		// The exec stream sends the terminal's size just after the
+		// command starts: wait a moment for it.
+		ws, err := unix.IoctlGetWinsize(0, unix.TIOCGWINSZ)
+		for i := 0; i < 60 && err == nil && ws.Col == 0; i++ {
+			time.Sleep(50 * time.Millisecond)
+			ws, err = unix.IoctlGetWinsize(0, unix.TIOCGWINSZ)
+		}
+		_, outErr := unix.IoctlGetTermios(1, unix.TCGETS)
+		if err != nil {
+			fmt.Printf("stdin_tty=false stdout_tty=%v\n", outErr == nil)
+			return
+		}
+		fmt.Printf("stdin_tty=true stdout_tty=%v size=%dx%d\n", outErr == nil, ws.Col, ws.Row)
 	case "find":
 		v, err := hex.DecodeString(os.Args[2])
 		if err != nil {
