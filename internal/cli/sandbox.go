@@ -338,16 +338,38 @@ func (e *env) startSession(dir string, connect bool) (*ssh.Client, error) {
 			return nil, err
 		}
 	}
-	if err := state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil }); err != nil {
-		return nil, err
+	wantRunning := func() error {
+		return state.Update(dir, func(r *state.Record) error { r.Desired = "running"; return nil })
 	}
+	desired := make(chan error, 1)
 	if s.alive() {
+		if err := wantRunning(); err != nil {
+			return nil, err
+		}
 		again, err := e.waitRunning(dir)
 		if err != nil || !again {
 			return nil, err
 		}
 		// Its daemon was finishing a stop: this start makes a new one.
+		desired <- nil
+	} else {
+		// No daemon reads Desired, so its write (an fsync) runs beside
+		// the admission and the daemon's start instead of before them.
+		go func() { desired <- wantRunning() }()
 	}
+	c, err := e.spawnChecked(dir, connect)
+	if derr := <-desired; derr != nil {
+		if err == nil {
+			// The sandbox runs; only the warm path above, which
+			// needs Desired, is lost until a write succeeds.
+			fmt.Fprintf(os.Stderr, "moat: recording that sandbox %q should run: %v\n", filepath.Base(dir), derr)
+		}
+	}
+	return c, err
+}
+
+// spawnChecked admits the sandbox and starts its daemon (spawnDaemon).
+func (e *env) spawnChecked(dir string, connect bool) (*ssh.Client, error) {
 	if _, err := os.Stat(e.runsc); err != nil {
 		return nil, codef(ExitHost, "runsc not found at %s; build it with: make (or set MOAT_RUNSC)", e.runsc)
 	}
