@@ -38,8 +38,9 @@ func Apply(c Config) error {
 	if err := refuseDirFDs(); err != nil {
 		return err
 	}
-	// Built before anything changes, so a bad table costs nothing.
-	filter, err := buildFilter(os.Getpid())
+	// Made before anything changes, so a bad table costs nothing
+	// (precompiled_linux.go).
+	filter, err := filterFor(os.Getpid())
 	if err != nil {
 		return err
 	}
