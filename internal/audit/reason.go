@@ -220,6 +220,16 @@ func ReverseForwardFailed(err error) Reason {
 	return ReasonReverseForward.detail("the host's port did not answer: " + err.Error())
 }
 
+// ReasonForward: a connection from the host through a host → guest port
+// forward, carried to the guest's port.
+const ReasonForward Reason = "port forward"
+
+// ForwardFailed: the guest's port of a host → guest forward did not
+// answer (err).
+func ForwardFailed(err error) Reason {
+	return ReasonForward.detail("the guest's port did not answer: " + err.Error())
+}
+
 // ReasonMCPLocal: a request to a host-local MCP server ([mcp.NAME] with
 // an http://127.0.0.1:PORT URL) at the gateway's PORT, decided by the
 // server's rules and carried to the host's loopback.

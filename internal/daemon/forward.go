@@ -4,17 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"moat.dev/moat/internal/audit"
@@ -32,12 +29,9 @@ import (
 // the netstack, the same way the session proxy reaches the guest agent.
 // Guest → host: the netstack's front end asks forwards (a
 // netstack.GatewayPorts) at each SYN to the gateway; a listed port is
-// dialed on the host's 127.0.0.1, any other is reset and audited.
-
-// forwardDialTimeout bounds one dial of either side: the guest's port or
-// the host's loopback port answer at once or not at all; 5 s only covers
-// a guest too busy to answer its SYN promptly.
-const forwardDialTimeout = 5 * time.Second
+// dialed on the host's 127.0.0.1, any other is reset and audited. The
+// listeners, the carrying and the records are internal/forward's, which
+// the Docker runtime's forwarder shares.
 
 // forwards is the daemon's port forwards.
 type forwards struct {
@@ -49,11 +43,11 @@ type forwards struct {
 	// the netstack's packet path without a lock.
 	table atomic.Pointer[forward.Table]
 
-	// mu serialises changes and guards the listeners below.
-	mu     sync.Mutex
-	local  map[uint16]*forward.Held // listening host → guest forwards, by host port
-	failed map[uint16]string        // host → guest forwards that could not listen, why
-	wg     sync.WaitGroup           // the accept loops and their connections
+	// mu serialises changes.
+	mu sync.Mutex
+	// local is the host → guest forwards' listeners, dialed through the
+	// netstack.
+	local *forward.Listeners
 
 	// rmu guards rconns: the open reverse connections' guest sides, by
 	// gateway port, cut when their forward is removed.
@@ -67,8 +61,10 @@ type forwards struct {
 // forward is shown with its error in `moat forward list` and the log.
 // The returned function stops them all.
 func (d *daemon) startForwards(ctx context.Context) func() {
-	f := &forwards{d: d, ctx: ctx, log: d.log.With("component", "forward"),
-		local: map[uint16]*forward.Held{}, failed: map[uint16]string{}, rconns: map[net.Conn]uint16{}}
+	f := &forwards{d: d, ctx: ctx, log: d.log.With("component", "forward"), rconns: map[net.Conn]uint16{}}
+	f.local = forward.NewListeners(ctx, filepath.Base(d.o.Dir), netstack.Guest,
+		func(ctx context.Context, port uint16) (net.Conn, error) { return d.stack.DialGuest(ctx, port) },
+		f.audit, f.log)
 	f.table.Store(&forward.Table{})
 	d.fwd = f
 	d.stack.SetGateway(f)
@@ -99,44 +95,13 @@ func (d *daemon) forwardConfig() (config.Forwards, *state.Record, error) {
 
 func (f *forwards) stop() {
 	f.d.stack.SetGateway(nil)
-	f.mu.Lock()
-	for port, lf := range f.local {
-		lf.Close()
-		delete(f.local, port)
-	}
-	f.mu.Unlock()
-	f.wg.Wait()
+	f.local.Close()
 }
 
-// sync makes the listeners and the reverse table what es says: it closes
-// the listeners of forwards no longer there (and their connections), and
-// listens for new ones and for ones that failed before. f.mu is held.
+// sync makes the listeners and the reverse table what es says, and cuts
+// the connections of reverse forwards no longer there. f.mu is held.
 func (f *forwards) sync(es []forward.Entry) {
-	want := map[uint16]forward.Entry{}
-	for _, e := range es {
-		if !e.Reverse {
-			want[e.Host] = e
-		}
-	}
-	for port, lf := range f.local {
-		if e, ok := want[port]; !ok || e.Forward != lf.Entry.Forward {
-			lf.Close()
-			delete(f.local, port)
-		}
-	}
-	clear(f.failed)
-	for port, e := range want {
-		if _, ok := f.local[port]; ok {
-			continue
-		}
-		lf, err := f.listen(e)
-		if err != nil {
-			f.failed[port] = err.Error()
-			f.log.Warn("forward not listening", "forward", e.Spec(), "err", err)
-			continue
-		}
-		f.local[port] = lf
-	}
+	f.local.Sync(es)
 	t := forward.ReverseTable(es)
 	f.table.Store(&t)
 	f.rmu.Lock()
@@ -149,62 +114,6 @@ func (f *forwards) sync(es []forward.Entry) {
 	f.rmu.Unlock()
 }
 
-// listen starts one host → guest forward.
-func (f *forwards) listen(e forward.Entry) (*forward.Held, error) {
-	addr := net.JoinHostPort(e.ListenAddress(), strconv.Itoa(int(e.Host)))
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add %s %d:%d",
-				e.Host, e.ListenAddress(), e.Host, filepath.Base(f.d.o.Dir), forward.NextPort(e.Host), e.Guest)
-		}
-		return nil, fmt.Errorf("listening on %s for the forward to guest port %d: %w", addr, e.Guest, err)
-	}
-	lf := forward.NewHeld(e, ln)
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		f.accept(lf)
-	}()
-	f.log.Info("forward listening", "listen", ln.Addr().String(), "guest_port", e.Guest)
-	return lf, nil
-}
-
-func (f *forwards) accept(lf *forward.Held) {
-	for {
-		c, err := lf.Ln.Accept()
-		if err != nil {
-			return // closed: the forward was removed or the daemon stops
-		}
-		if !lf.Track(c) {
-			c.Close()
-			return
-		}
-		f.wg.Add(1)
-		go func() {
-			defer f.wg.Done()
-			defer lf.Untrack(c)
-			ctx, cancel := context.WithTimeout(f.ctx, forwardDialTimeout)
-			g, err := f.d.stack.DialGuest(ctx, lf.Entry.Guest)
-			cancel()
-			if err != nil {
-				// Nothing listens on the guest's port (yet): the host's
-				// client sees its connection closed at once.
-				f.log.Debug("forward: dialing the guest", "guest_port", lf.Entry.Guest, "err", err)
-				c.Close()
-				return
-			}
-			if !lf.Track(g) {
-				g.Close()
-				c.Close()
-				return
-			}
-			defer lf.Untrack(g)
-			forward.Join(c, g)
-		}()
-	}
-}
-
 // Open is netstack.GatewayPorts.Open: a gateway port is open when a
 // reverse forward lists it. Every other is refused, and the refusal is
 // audited and counted as a denial, like the gate's.
@@ -212,8 +121,7 @@ func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
 	if _, ok := f.table.Load().Lookup(port); ok || f.localMCP(port) {
 		return true
 	}
-	f.audit(audit.Record{Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Deny,
-		Reason: audit.NotReverseForward(port, filepath.Base(f.d.o.Dir))})
+	f.audit(forward.RefusalRecord(netstack.Gateway, port, filepath.Base(f.d.o.Dir)))
 	return false
 }
 
@@ -233,51 +141,35 @@ func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Con
 	if !ok {
 		return // removed between the SYN and now: reset
 	}
-	start := time.Now()
-	// Only ever the IPv4 loopback and a port the user listed: the
-	// forward's whole reach (forward package doc).
-	upstream := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), hostPort)
-	rec := audit.Record{Time: start, Proto: "tcp", Dst: gatewayDst(port), Verdict: audit.Allow,
-		Rule:   "reverse " + forward.Entry{Reverse: true, Forward: state.Forward{Host: hostPort, Guest: port}}.Spec(),
-		Reason: audit.ReasonReverseForward, Upstream: upstream.String()}
-	dialer := net.Dialer{Timeout: forwardDialTimeout}
-	h, err := dialer.DialContext(f.ctx, "tcp4", upstream.String())
-	if err != nil {
-		rec.Reason = audit.ReverseForwardFailed(err)
-		f.audit(rec)
-		return
-	}
-	g, err := accept()
-	if err != nil {
-		h.Close()
-		return
-	}
-	f.rmu.Lock()
-	f.rconns[g] = port
-	f.rmu.Unlock()
-	if _, ok := f.table.Load().Lookup(port); !ok {
-		// Removed while we dialed: sync swept before we registered.
-		g.Close()
-		h.Close()
-	}
-	defer func() {
+	forward.ServeReverse(f.ctx, forward.ReverseConn{Gateway: netstack.Gateway, Port: port, HostPort: hostPort,
+		Accept: accept, Hold: f.hold(port), Audit: f.audit})
+}
+
+// hold registers a reverse connection's guest side, to be cut when the
+// forward on port is removed.
+func (f *forwards) hold(port uint16) func(net.Conn) (func(), bool) {
+	return func(g net.Conn) (func(), bool) {
 		f.rmu.Lock()
-		delete(f.rconns, g)
+		f.rconns[g] = port
 		f.rmu.Unlock()
-	}()
-	rec.BytesUp, rec.BytesDown = forward.Join(g, h)
-	rec.DurationMS = time.Since(start).Milliseconds()
-	f.audit(rec)
+		release := func() {
+			f.rmu.Lock()
+			delete(f.rconns, g)
+			f.rmu.Unlock()
+		}
+		if _, ok := f.table.Load().Lookup(port); !ok {
+			// Removed while we dialed: sync swept before we registered.
+			release()
+			return nil, false
+		}
+		return release, true
+	}
 }
 
 // localMCP reports whether a host-local MCP server is declared on the
 // gateway's port. The configuration refuses a reverse forward on it.
 func (f *forwards) localMCP(port uint16) bool {
 	return f.d.net != nil && f.d.net.gate.LocalMCPPort(port)
-}
-
-func gatewayDst(port uint16) string {
-	return netip.AddrPortFrom(netstack.Gateway, port).String()
 }
 
 // audit writes a record as the gate writes its own: denials also go to
@@ -303,18 +195,11 @@ func (f *forwards) list() ([]control.Forward, error) {
 	if err != nil {
 		return nil, err
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	out := []control.Forward{}
 	for _, e := range forward.Entries(cfg, rec.Forwards) {
 		status, why := "open", ""
 		if !e.Reverse {
-			status = "listening"
-			if msg, ok := f.failed[e.Host]; ok {
-				status, why = "error", msg
-			} else if _, ok := f.local[e.Host]; !ok {
-				status = "stopped"
-			}
+			status, why = f.local.Status(e)
 		}
 		out = append(out, forward.Wire(e, status, why, netstack.Gateway))
 	}
@@ -344,7 +229,7 @@ func (f *forwards) change(ch control.ForwardChange) error {
 		f.sync(forward.Entries(cfg.Forwards, rt))
 		if ch.Op == "add" && !ch.Reverse {
 			fw, _, _ := forward.Parse(ch.Spec)
-			if msg, ok := f.failed[fw.Host]; ok {
+			if msg, ok := f.local.Failed(fw.Host); ok {
 				f.sync(old)
 				return errors.New(msg)
 			}

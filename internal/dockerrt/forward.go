@@ -63,6 +63,11 @@ func ForwardLock(dir string) string { return filepath.Join(dir, "docker-forward.
 // serves, written once it holds ForwardLock.
 func ForwardPID(dir string) string { return filepath.Join(dir, "docker-forward.pid") }
 
+// ForwardAuditPath is the audit log of the forwards' connections and
+// refusals, which the forwarder writes (its rotations beside it): the
+// gate's is the gate container's to write.
+func ForwardAuditPath(dir string) string { return filepath.Join(dir, "docker-forward-audit", "forward.jsonl") }
+
 // ForwardLog is the forwarder's log (its stderr), replaced at each start.
 func ForwardLog(dir string) string { return filepath.Join(dir, "docker-forward.log") }
 

@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/dockerrt"
 )
@@ -154,6 +155,49 @@ func TestDockerForwards(t *testing.T) {
 		} {
 			if out, code := get(url); code == 0 || strings.Contains(out, "unreachable") {
 				t.Errorf("get %s in the workload: exit %d, %q; want it refused", url, code, out)
+			}
+		}
+	})
+
+	t.Run("every forward connection and refusal is audited", func(t *testing.T) {
+		r, err := dockerrt.Load(filepath.Join(s.home, "state", "sandboxes", s.name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		path := dockerrt.ForwardAuditPath(filepath.Join(s.home, "state", "sandboxes", s.name))
+		for _, want := range []struct {
+			what string
+			ok   func(audit.Record) bool
+		}{
+			{"the host's GET through the forward to guest port 8000", func(rec audit.Record) bool {
+				return rec.Verdict == audit.Allow && rec.Reason == audit.ReasonForward && rec.Dst == fmt.Sprintf("%s:8000", r.WorkloadIP) &&
+					rec.Rule == fmt.Sprintf("forward %d:8000", hostPort) && rec.BytesDown > 0 && rec.BytesUp > 0
+			}},
+			{"the workload's connection to 10.88.0.1:5432", func(rec audit.Record) bool {
+				return rec.Verdict == audit.Allow && rec.Reason == audit.ReasonReverseForward && rec.Dst == "10.88.0.1:5432" &&
+					rec.Upstream == fmt.Sprintf("127.0.0.1:%d", revPort) && rec.BytesUp > 0 && rec.BytesDown > 0
+			}},
+			{"the refused 10.88.0.1:" + strconv.Itoa(closedPort), func(rec audit.Record) bool {
+				return rec.Verdict == audit.Deny && rec.Dst == fmt.Sprintf("10.88.0.1:%d", closedPort) &&
+					strings.Contains(string(rec.Reason), fmt.Sprintf("gateway port %d is not a reverse forward", closedPort))
+			}},
+		} {
+			var n int
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+				n = 0
+				audit.Read(path, func(rec audit.Record) bool {
+					if rec.Sandbox == s.name && want.ok(rec) {
+						n++
+					}
+					return true
+				})
+				if n > 0 {
+					break
+				}
+			}
+			if n == 0 {
+				b, _ := os.ReadFile(path)
+				t.Errorf("no audit record of %s in %s:\n%s", want.what, path, b)
 			}
 		}
 	})

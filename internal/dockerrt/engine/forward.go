@@ -12,11 +12,14 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
+	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/config"
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/dockerrt"
@@ -28,39 +31,33 @@ import (
 // forward DIR PID` for as long as the workload whose init is PID lives
 // (dockerrt/forward.go says why there, and how each direction goes).
 
-// forwardDialTimeout bounds one dial of either side, as a gVisor
-// daemon's: a port on the bridge or the host's loopback answers at once
-// or not at all.
-const forwardDialTimeout = 5 * time.Second
-
 // forwardLockWait bounds the wait for the forwarder of an earlier start,
 // which ends as soon as its workload's init has exited.
 const forwardLockWait = 10 * time.Second
 
-// fkey is a forward's listening side: no two forwards of a direction
-// share a port.
-type fkey struct {
-	reverse bool
-	port    uint16
-}
-
 type forwarder struct {
 	dir, name string
-	workload  netip.Addr // dialed for host → guest
-	// listenIn listens on addr inside the workload's network namespace
-	// (nil: a sandbox on runsc made before the reverse link).
-	listenIn func(addr string) (net.Listener, error)
-	ctx      context.Context
-	log      *slog.Logger
+	ctx       context.Context
+	log       *slog.Logger
+	// rec writes the forwards' audit records (ForwardAuditPath).
+	rec *audit.Log
 
-	// mu serialises changes and guards the listeners.
-	mu     sync.Mutex
-	open   map[fkey]*forward.Held
-	failed map[fkey]string
-	wg     sync.WaitGroup // accept loops and their connections
+	// mu serialises changes.
+	mu sync.Mutex
+	// local is the host → guest forwards' listeners, which dial the
+	// workload's address on the bridge.
+	local *forward.Listeners
+	// table is the reverse forwards, swapped whole on each change.
+	table atomic.Pointer[forward.Table]
+	// revErr says why reverse forwards are not served (nil: they are).
+	revErr error
+
+	// rmu guards rconns: the open reverse connections' guest sides, by
+	// gateway port, cut when their forward is removed.
+	rmu    sync.Mutex
+	rconns map[net.Conn]uint16
+	wg     sync.WaitGroup // the reverse listener's connections
 }
-
-func keyOf(e forward.Entry) fkey { return fkey{e.Reverse, e.ListenPort()} }
 
 // entries are the forwards in force: the record's snapshot of the
 // configuration's, then the runtime ones.
@@ -76,114 +73,94 @@ func (f *forwarder) entries() ([]forward.Entry, config.Forwards, *state.Record, 
 	return forward.Entries(cfg.Forwards, rec.Forwards), cfg.Forwards, rec, nil
 }
 
-// sync makes the listeners what es says: it closes those no longer
-// there (and their connections) and listens for new ones and for ones
-// that failed before. f.mu is held.
+// sync makes the listeners and the reverse table what es says, and cuts
+// the connections of reverse forwards no longer there. f.mu is held.
 func (f *forwarder) sync(es []forward.Entry) {
-	want := map[fkey]forward.Entry{}
-	for _, e := range es {
-		want[keyOf(e)] = e
-	}
-	for k, h := range f.open {
-		if e, ok := want[k]; !ok || e.Forward != h.Entry.Forward {
-			h.Close()
-			delete(f.open, k)
-		}
-	}
-	clear(f.failed)
-	for k, e := range want {
-		if _, ok := f.open[k]; ok {
-			continue
-		}
-		h, err := f.listen(e)
-		if err != nil {
-			f.failed[k] = err.Error()
-			f.log.Warn("forward not listening", "forward", e.Spec(), "reverse", e.Reverse, "err", err)
-			continue
-		}
-		f.open[k] = h
-	}
-}
-
-// listen starts one forward: host → guest on the host, guest → host in
-// the workload's namespace.
-func (f *forwarder) listen(e forward.Entry) (*forward.Held, error) {
-	var ln net.Listener
-	var err error
-	if e.Reverse {
-		if f.listenIn == nil {
-			return nil, errNoReverseLink
-		}
-		addr := netip.AddrPortFrom(dockerrt.ReverseAddr, e.Guest).String()
-		if ln, err = f.listenIn(addr); err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return nil, fmt.Errorf("port %d of %s is taken by a program in the sandbox; stop it, or pick another: moat forward add --reverse %s %d:%d",
-					e.Guest, dockerrt.ReverseAddr, f.name, e.Host, forward.NextPort(e.Guest))
-			}
-			return nil, fmt.Errorf("listening on %s in the workload for the forward to host port %d: %w", addr, e.Host, err)
-		}
-	} else {
-		addr := net.JoinHostPort(e.ListenAddress(), strconv.Itoa(int(e.Host)))
-		if ln, err = net.Listen("tcp", addr); err != nil {
-			if errors.Is(err, syscall.EADDRINUSE) {
-				return nil, fmt.Errorf("host port %d is already in use on %s; stop what listens there (ss -ltnp 'sport = :%d' shows it) or pick another host port: moat forward add %s %d:%d",
-					e.Host, e.ListenAddress(), e.Host, f.name, forward.NextPort(e.Host), e.Guest)
-			}
-			return nil, fmt.Errorf("listening on %s for the forward to guest port %d: %w", addr, e.Guest, err)
-		}
-	}
-	h := forward.NewHeld(e, ln)
-	f.wg.Add(1)
-	go func() {
-		defer f.wg.Done()
-		f.accept(h)
-	}()
-	f.log.Info("forward listening", "listen", ln.Addr().String(), "spec", e.Spec(), "reverse", e.Reverse)
-	return h, nil
-}
-
-// target is where a forward's connections go: the workload's port on
-// the bridge, or, for a reverse forward, only ever the host's IPv4
-// loopback on the port the user listed (the forward's whole reach).
-func (f *forwarder) target(e forward.Entry) string {
-	if e.Reverse {
-		return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), e.Host).String()
-	}
-	return netip.AddrPortFrom(f.workload, e.Guest).String()
-}
-
-func (f *forwarder) accept(h *forward.Held) {
-	for {
-		c, err := h.Ln.Accept()
-		if err != nil {
-			return // closed: the forward was removed or the forwarder ends
-		}
-		if !h.Track(c) {
+	f.local.Sync(es)
+	t := forward.ReverseTable(es)
+	f.table.Store(&t)
+	f.rmu.Lock()
+	for c, port := range f.rconns {
+		if _, ok := t.Lookup(port); !ok {
 			c.Close()
-			return
+			delete(f.rconns, c)
+		}
+	}
+	f.rmu.Unlock()
+}
+
+// audit writes a record as the gate writes its own.
+func (f *forwarder) audit(r audit.Record) {
+	r.Sandbox = f.name
+	if r.Time.IsZero() {
+		r.Time = time.Now()
+	}
+	f.rec.Write(r)
+}
+
+// serveReverse serves the workload's connections to ReverseAddr, every
+// port of which the workload's namespace sends to ln (reverseNAT): a port
+// a reverse forward lists is carried to the host's loopback, any other
+// is reset and audited, as a gVisor sandbox's gateway does.
+func (f *forwarder) serveReverse(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return // closed: the forwarder ends
+		}
+		dst, err := originalDst(c)
+		if err != nil || dst.Addr() != dockerrt.ReverseAddr {
+			// Not a connection to ReverseAddr that the rule sent here.
+			f.log.Debug("reverse: a connection without its original destination", "dst", dst, "err", err)
+			reset(c)
+			continue
+		}
+		port := dst.Port()
+		hostPort, ok := f.table.Load().Lookup(port)
+		if !ok {
+			f.audit(forward.RefusalRecord(dockerrt.ReverseAddr, port, f.name))
+			reset(c)
+			continue
 		}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
-			defer h.Untrack(c)
-			d := net.Dialer{Timeout: forwardDialTimeout}
-			o, err := d.DialContext(f.ctx, "tcp4", f.target(h.Entry))
-			if err != nil {
-				// Nothing listens there: the client sees its connection
-				// closed at once.
-				f.log.Debug("forward: dialing", "to", f.target(h.Entry), "err", err)
-				c.Close()
-				return
-			}
-			if !h.Track(o) {
-				o.Close()
-				c.Close()
-				return
-			}
-			defer h.Untrack(o)
-			forward.Join(c, o)
+			forward.ServeReverse(f.ctx, forward.ReverseConn{Gateway: dockerrt.ReverseAddr, Port: port, HostPort: hostPort,
+				// Accepted already: the kernel completed the handshake
+				// before the forwarder could dial the host.
+				Accept: func() (net.Conn, error) { return c, nil },
+				Hold:   f.hold(port), Audit: f.audit})
+			c.Close()
 		}()
 	}
+}
+
+// hold registers a reverse connection's guest side, to be cut when the
+// forward on port is removed.
+func (f *forwarder) hold(port uint16) func(net.Conn) (func(), bool) {
+	return func(g net.Conn) (func(), bool) {
+		f.rmu.Lock()
+		f.rconns[g] = port
+		f.rmu.Unlock()
+		release := func() {
+			f.rmu.Lock()
+			delete(f.rconns, g)
+			f.rmu.Unlock()
+		}
+		if _, ok := f.table.Load().Lookup(port); !ok {
+			release()
+			return nil, false
+		}
+		return release, true
+	}
+}
+
+// reset closes c with a reset, as a refused port's SYN gets on gVisor.
+func reset(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetLinger(0)
+	}
+	c.Close()
 }
 
 // list is the forwards in force with their status, as a daemon's.
@@ -196,14 +173,11 @@ func (f *forwarder) list() ([]control.Forward, error) {
 	defer f.mu.Unlock()
 	out := []control.Forward{}
 	for _, e := range es {
-		status, why := "listening", ""
-		if e.Reverse {
-			status = "open"
-		}
-		if msg, ok := f.failed[keyOf(e)]; ok {
-			status, why = "error", msg
-		} else if _, ok := f.open[keyOf(e)]; !ok {
-			status = "stopped"
+		status, why := "open", ""
+		if !e.Reverse {
+			status, why = f.local.Status(e)
+		} else if f.revErr != nil {
+			status, why = "error", f.revErr.Error()
 		}
 		out = append(out, forward.Wire(e, status, why, dockerrt.ReverseAddr))
 	}
@@ -233,11 +207,11 @@ func (f *forwarder) change(ch control.ForwardChange) error {
 		f.sync(forward.Entries(cfg.Forwards, rt))
 		if ch.Op == "add" {
 			fw, _, _ := forward.Parse(ch.Spec)
-			k := fkey{ch.Reverse, fw.Host}
-			if ch.Reverse {
-				k.port = fw.Guest
+			if ch.Reverse && f.revErr != nil {
+				f.sync(old)
+				return f.revErr
 			}
-			if msg, ok := f.failed[k]; ok {
+			if msg, ok := f.local.Failed(fw.Host); ok && !ch.Reverse {
 				f.sync(old)
 				return errors.New(msg)
 			}
@@ -343,14 +317,29 @@ func Forward(ctx context.Context, dir string, pid int) error {
 	if err := state.WriteAtomic(dockerrt.ForwardPID(dir), []byte(strconv.Itoa(pid)+"\n"), 0o600); err != nil {
 		return err
 	}
-	f := &forwarder{dir: dir, name: r.Name, workload: r.WorkloadIP, ctx: ctx, log: log,
-		open: map[fkey]*forward.Held{}, failed: map[fkey]string{}}
-	in, ok, err := workloadListener(pid, r.Runtime == "runsc")
-	if err != nil && !errors.Is(err, errNoReverseLink) {
+	if err := os.MkdirAll(filepath.Dir(dockerrt.ForwardAuditPath(dir)), 0o700); err != nil {
 		return err
 	}
-	if ok {
-		f.listenIn = in
+	rec, err := audit.OpenWith(dockerrt.ForwardAuditPath(dir), audit.Options{Logger: log})
+	if err != nil {
+		return fmt.Errorf("opening the forwards' audit log: %w", err)
+	}
+	defer rec.Close()
+	f := &forwarder{dir: dir, name: r.Name, ctx: ctx, log: log, rec: rec, rconns: map[net.Conn]uint16{}}
+	f.table.Store(&forward.Table{})
+	var d net.Dialer
+	f.local = forward.NewListeners(ctx, r.Name, r.WorkloadIP, func(ctx context.Context, port uint16) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp4", netip.AddrPortFrom(r.WorkloadIP, port).String())
+	}, f.audit, log)
+	defer f.local.Close()
+	rln, err := reverseListener(pid, r.Runtime == "runsc")
+	if err != nil {
+		// Host → guest forwards still work; reverse ones say why not.
+		f.revErr = err
+		log.Warn("reverse forwards are not served", "err", err)
+	} else {
+		defer rln.Close()
+		go f.serveReverse(rln)
 	}
 	sock := dockerrt.ForwardSocket(dir)
 	os.Remove(sock)
@@ -374,12 +363,14 @@ func Forward(ctx context.Context, dir string, pid int) error {
 	<-ctx.Done()
 	srv.Close()
 	os.Remove(sock)
-	f.mu.Lock()
-	for k, h := range f.open {
-		h.Close()
-		delete(f.open, k)
+	if rln != nil {
+		rln.Close()
 	}
-	f.mu.Unlock()
+	f.rmu.Lock()
+	for c := range f.rconns {
+		c.Close()
+	}
+	f.rmu.Unlock()
 	f.wg.Wait()
 	return nil
 }

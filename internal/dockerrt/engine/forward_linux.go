@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os/exec"
 	"runtime"
+	"strconv"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -34,42 +38,100 @@ func watchExit(pid int) (<-chan struct{}, error) {
 	return ch, nil
 }
 
-// workloadListener gives ReverseAddr to the forwarder's side of the
-// reverse link in pid's network namespace (the workload's: moat-docker
-// enters it from the host; the workload never holds NET_ADMIN), routes
-// ReverseLocal back over it when gVisor holds that address (runsc), and
-// returns a function that listens there. A namespace without the link (a
-// sandbox made before it) gets ReverseAddr on its loopback device, which
-// serves a workload on runc only; ok is false where that cannot serve.
-// Done at each start: a restarted holder has a new namespace.
-func workloadListener(pid int, runsc bool) (listen func(addr string) (net.Listener, error), ok bool, err error) {
+// reverseListener serves ReverseAddr in pid's network namespace (the
+// workload's: moat-docker enters it from the host; the workload never
+// holds NET_ADMIN): it gives the address to the forwarder's side of the
+// reverse link (serveReverseLink), listens on one port of it, and has
+// the namespace's nat table send TCP to every port of ReverseAddr there
+// (reverseNAT), so that the forwarder decides each port as a gVisor
+// sandbox's gateway does: carried when a reverse forward lists it,
+// refused and audited when none does. A namespace without the reverse
+// link (a sandbox made before it) gets the address on its loopback
+// device, which serves a workload on runc only. Done at each start: a
+// restarted holder has a new namespace.
+func reverseListener(pid int, runsc bool) (net.Listener, error) {
 	ns, err := netns.GetFromPid(pid)
 	if err != nil {
-		return nil, false, fmt.Errorf("opening the workload's network namespace: %w", err)
+		return nil, fmt.Errorf("opening the workload's network namespace: %w", err)
 	}
+	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		ns.Close()
-		return nil, false, err
+		return nil, err
 	}
 	defer h.Close()
 	if err := serveReverseLink(h); err != nil {
 		if !errors.Is(err, errNoReverseLink) || runsc {
-			ns.Close()
-			return nil, false, err
+			return nil, err
 		}
 		lo, err := h.LinkByName("lo")
 		if err != nil {
-			ns.Close()
-			return nil, false, fmt.Errorf("finding the workload's loopback device: %w", err)
+			return nil, fmt.Errorf("finding the workload's loopback device: %w", err)
 		}
 		a := &netlink.Addr{IPNet: hostNet(dockerrt.ReverseAddr), Scope: unix.RT_SCOPE_HOST}
 		if err := h.AddrAdd(lo, a); err != nil && !errors.Is(err, unix.EEXIST) {
-			ns.Close()
-			return nil, false, fmt.Errorf("adding %s to the workload's loopback device: %w", dockerrt.ReverseAddr, err)
+			return nil, fmt.Errorf("adding %s to the workload's loopback device: %w", dockerrt.ReverseAddr, err)
 		}
 	}
-	return func(addr string) (net.Listener, error) { return listenInNS(ns, addr) }, true, nil
+	ln, err := listenInNS(ns, netip.AddrPortFrom(dockerrt.ReverseAddr, 0).String())
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s in the workload's namespace: %w", dockerrt.ReverseAddr, err)
+	}
+	if err := reverseNAT(pid, ln.Addr().(*net.TCPAddr).AddrPort()); err != nil {
+		ln.Close()
+		return nil, err
+	}
+	return ln, nil
+}
+
+// reverseNAT replaces the nat rules of pid's namespace (moat's alone:
+// isolate removed Docker's) with two that send TCP to any port of
+// ReverseAddr to to: OUTPUT for a workload on runc, whose connections
+// are this kernel's, PREROUTING for one on runsc, whose arrive over the
+// reverse link. The original port stays readable (SO_ORIGINAL_DST).
+func reverseNAT(pid int, to netip.AddrPort) error {
+	nsenter := []string{"--net=/proc/" + strconv.Itoa(pid) + "/ns/net", "iptables", "-w", "-t", "nat"}
+	dst := netip.PrefixFrom(dockerrt.ReverseAddr, 32).String()
+	for _, rule := range [][]string{
+		{"-F"},
+		{"-A", "OUTPUT", "-d", dst, "-p", "tcp", "-j", "DNAT", "--to-destination", to.String()},
+		{"-A", "PREROUTING", "-d", dst, "-p", "tcp", "-j", "DNAT", "--to-destination", to.String()},
+	} {
+		if out, err := exec.Command("nsenter", append(nsenter, rule...)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("sending %s to the forwarder in the workload's namespace: iptables %s: %v: %s", dockerrt.ReverseAddr, strings.Join(rule, " "), err, out)
+		}
+	}
+	return nil
+}
+
+// originalDst is where c was headed before reverseNAT sent it to the
+// forwarder (SO_ORIGINAL_DST).
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, errors.New("not a TCP connection")
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		// A sockaddr_in in the first 16 bytes: the usual reading of
+		// SO_ORIGINAL_DST through a struct of that size.
+		m, err := unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if err != nil {
+			serr = err
+			return
+		}
+		port := uint16(m.Multiaddr[2])<<8 | uint16(m.Multiaddr[3])
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte(m.Multiaddr[4:8])), port)
+	})
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return ap, serr
 }
 
 // errNoReverseLink: the namespace predates the reverse link.

@@ -15,3 +15,11 @@ func TestReverseAddrIsTheGateway(t *testing.T) {
 		t.Errorf("ReverseAddr = %s, the gVisor gateway is %s: a project's settings would differ by runtime", dockerrt.ReverseAddr, netstack.Gateway)
 	}
 }
+
+// The workload's side of the reverse link has the gVisor guest's
+// address: a program that reads its own address sees the same on both.
+func TestReverseLocalIsTheGuest(t *testing.T) {
+	if dockerrt.ReverseLocal != netstack.Guest {
+		t.Errorf("ReverseLocal = %s, the gVisor guest is %s", dockerrt.ReverseLocal, netstack.Guest)
+	}
+}
