@@ -266,8 +266,38 @@ func checkGatePod(t *testing.T, d *appsv1.DaemonSet) *corev1.Container {
 	}
 	// The informers need the API; the ServiceAccount's rights are
 	// checked by checkRBAC.
-	if spec.ServiceAccountName != "moat-gate" || (spec.AutomountServiceAccountToken != nil && !*spec.AutomountServiceAccountToken) {
-		t.Errorf("gate pod: ServiceAccount %q, token mounted %v; want moat-gate's token, for the informers", spec.ServiceAccountName, spec.AutomountServiceAccountToken)
+	// The token is mounted into the gate's container alone, not by the
+	// automatic mount, which would give it to the audit container too.
+	if spec.ServiceAccountName != "moat-gate" || spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
+		auto := "unset (on)"
+		if a := spec.AutomountServiceAccountToken; a != nil {
+			auto = fmt.Sprint(*a)
+		}
+		t.Errorf("gate pod: ServiceAccount %q, automatic token mount %s; want moat-gate's, mounted by hand into the gate's container only", spec.ServiceAccountName, auto)
+	}
+	tokenVols := map[string]bool{}
+	for _, v := range spec.Volumes {
+		if v.Projected != nil {
+			for _, src := range v.Projected.Sources {
+				if src.ServiceAccountToken != nil {
+					tokenVols[v.Name] = true
+				}
+			}
+		}
+	}
+	for i, c := range spec.Containers {
+		has := false
+		for _, m := range c.VolumeMounts {
+			if tokenVols[m.Name] {
+				has = true
+				if i == 0 && m.MountPath != "/var/run/secrets/kubernetes.io/serviceaccount" {
+					t.Errorf("gate container: the token at %s, want the ServiceAccount's usual path, which the informers read", m.MountPath)
+				}
+			}
+		}
+		if has != (i == 0) {
+			t.Errorf("container %s: ServiceAccount token mounted %v; want it in the gate's container only", c.Name, has)
+		}
 	}
 	if spec.HostNetwork || spec.HostPID || spec.HostIPC {
 		t.Error("gate pod shares a host namespace")

@@ -293,6 +293,7 @@ func gateDaemonSet(ns, image string, labels map[string]string, auditDir string) 
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
 					ServiceAccountName:            "moat-gate",
+					AutomountServiceAccountToken:  ptr(false), // the gate's container alone mounts it
 					EnableServiceLinks:            ptr(false),
 					TerminationGracePeriodSeconds: ptr(int64(5)),
 					SecurityContext:               &corev1.PodSecurityContext{FSGroup: ptr(int64(65534)), SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}},
@@ -316,6 +317,7 @@ func gateDaemonSet(ns, image string, labels map[string]string, auditDir string) 
 							{Name: "ca", MountPath: "/var/lib/moat-gate/ca", ReadOnly: true},
 							{Name: "audit", MountPath: "/var/log/moat-gate"},
 							{Name: "tmp", MountPath: "/tmp"},
+							{Name: "kube-api-access", MountPath: "/var/run/secrets/kubernetes.io/serviceaccount", ReadOnly: true},
 						},
 					}, {
 						// The audit follower: the node's records on its
@@ -330,6 +332,15 @@ func gateDaemonSet(ns, image string, labels map[string]string, auditDir string) 
 						VolumeMounts: []corev1.VolumeMount{{Name: "audit", MountPath: "/var/log/moat-gate", ReadOnly: true}},
 					}},
 					Volumes: []corev1.Volume{
+						{Name: "kube-api-access", VolumeSource: corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{
+							DefaultMode: ptr(int32(0o444)),
+							Sources: []corev1.VolumeProjection{
+								{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token", ExpirationSeconds: ptr(int64(3607))}},
+								{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "kube-root-ca.crt"},
+									Items: []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}}}},
+								{DownwardAPI: &corev1.DownwardAPIProjection{Items: []corev1.DownwardAPIVolumeFile{
+									{Path: "namespace", FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}}}},
+							}}}},
 						{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "moat-gate-config"}}}},
 						{Name: "ca", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "moat-gate-ca", DefaultMode: ptr(int32(0o400))}}},
 						{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
