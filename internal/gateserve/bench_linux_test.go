@@ -122,7 +122,7 @@ func TestBenchService(t *testing.T) {
 		return netstat(out, "TcpExt:", "TCPSynRetrans")
 	}
 
-	type figures struct{ mibps, cpuMsPerGiB, connP50, connP99, parMS, parFailed, syn, rps, p50, p95, reqErrs []float64 }
+	type figures struct{ mibps, cpuMsPerGiB, clientMsPerGiB, connP50, connP99, parMS, parFailed, syn, rps, p50, p95, reqErrs []float64 }
 	got := map[string]*figures{"direct": {}, "service": {}, "floor": {}}
 	loadBefore := loadavg()
 	for r := range rounds {
@@ -147,6 +147,7 @@ func TestBenchService(t *testing.T) {
 			}
 			g.mibps = append(g.mibps, m["bytes"]/(1<<20)/m["seconds"])
 			g.cpuMsPerGiB = append(g.cpuMsPerGiB, cpu.Seconds()*1000/(m["bytes"]/(1<<30)))
+			g.clientMsPerGiB = append(g.clientMsPerGiB, p.c.cpu.Seconds()*1000/(m["bytes"]/(1<<30)))
 			if p.name == "floor" || downloadOnly {
 				continue // the floor is for the download alone
 			}
@@ -174,6 +175,8 @@ func TestBenchService(t *testing.T) {
 		relay.negotiated(), med(fl.mibps), med(fl.mibps)/med(d.mibps), med(s.mibps)/med(fl.mibps))
 	t.Logf("download CPU of this process (the upstream, and the service or the relay), ms per GiB: direct %.0f, service %.0f, floor %.0f: the service's own %.0f, the relay's %.0f",
 		med(d.cpuMsPerGiB), med(s.cpuMsPerGiB), med(fl.cpuMsPerGiB), med(s.cpuMsPerGiB)-med(d.cpuMsPerGiB), med(fl.cpuMsPerGiB)-med(d.cpuMsPerGiB))
+	t.Logf("download CPU of the client, ms per GiB: direct %.0f, service %.0f, floor %.0f",
+		med(d.clientMsPerGiB), med(s.clientMsPerGiB), med(fl.clientMsPerGiB))
 	if downloadOnly {
 		return
 	}

@@ -201,6 +201,7 @@ func systemBundleWith(t *testing.T, dir string, ca []byte) string {
 type realClient struct {
 	ns, resolv, bundle string
 	env                []string
+	cpu                time.Duration // user and system time of the last run's program
 }
 
 // run returns the program's stdout then its stderr.
@@ -215,6 +216,9 @@ func (c *realClient) run(t *testing.T, argv ...string) (string, error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
+	if cmd.ProcessState != nil {
+		c.cpu = cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
 	return stdout.String() + stderr.String(), err
 }
 
