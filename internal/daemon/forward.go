@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"moat.dev/moat/internal/audit"
@@ -39,20 +37,14 @@ type forwards struct {
 	ctx context.Context
 	log *slog.Logger
 
-	// table is the reverse forwards, swapped whole on each change, read on
-	// the netstack's packet path without a lock.
-	table atomic.Pointer[forward.Table]
+	// rev is the reverse forwards, read on the netstack's packet path.
+	rev *forward.Reverse
 
 	// mu serialises changes.
 	mu sync.Mutex
 	// local is the host → guest forwards' listeners, dialed through the
 	// netstack.
 	local *forward.Listeners
-
-	// rmu guards rconns: the open reverse connections' guest sides, by
-	// gateway port, cut when their forward is removed.
-	rmu    sync.Mutex
-	rconns map[net.Conn]uint16
 }
 
 // startForwards starts the forwards the sandbox has (its configuration's
@@ -61,11 +53,10 @@ type forwards struct {
 // forward is shown with its error in `moat forward list` and the log.
 // The returned function stops them all.
 func (d *daemon) startForwards(ctx context.Context) func() {
-	f := &forwards{d: d, ctx: ctx, log: d.log.With("component", "forward"), rconns: map[net.Conn]uint16{}}
+	f := &forwards{d: d, ctx: ctx, log: d.log.With("component", "forward"), rev: forward.NewReverse()}
 	f.local = forward.NewListeners(ctx, filepath.Base(d.o.Dir), netstack.Guest,
 		func(ctx context.Context, port uint16) (net.Conn, error) { return d.stack.DialGuest(ctx, port) },
 		f.audit, f.log)
-	f.table.Store(&forward.Table{})
 	d.fwd = f
 	d.stack.SetGateway(f)
 	cfg, rec, err := d.forwardConfig()
@@ -102,23 +93,14 @@ func (f *forwards) stop() {
 // the connections of reverse forwards no longer there. f.mu is held.
 func (f *forwards) sync(es []forward.Entry) {
 	f.local.Sync(es)
-	t := forward.ReverseTable(es)
-	f.table.Store(&t)
-	f.rmu.Lock()
-	for c, port := range f.rconns {
-		if _, ok := t.Lookup(port); !ok {
-			c.Close()
-			delete(f.rconns, c)
-		}
-	}
-	f.rmu.Unlock()
+	f.rev.Sync(es)
 }
 
 // Open is netstack.GatewayPorts.Open: a gateway port is open when a
 // reverse forward lists it. Every other is refused, and the refusal is
 // audited and counted as a denial, like the gate's.
 func (f *forwards) Open(src netip.AddrPort, port uint16) bool {
-	if _, ok := f.table.Load().Lookup(port); ok || f.localMCP(port) {
+	if _, ok := f.rev.Lookup(port); ok || f.localMCP(port) {
 		return true
 	}
 	f.audit(forward.RefusalRecord(netstack.Gateway, port, filepath.Base(f.d.o.Dir)))
@@ -137,33 +119,12 @@ func (f *forwards) Serve(src netip.AddrPort, port uint16, accept func() (net.Con
 		}
 		return
 	}
-	hostPort, ok := f.table.Load().Lookup(port)
+	hostPort, ok := f.rev.Lookup(port)
 	if !ok {
 		return // removed between the SYN and now: reset
 	}
 	forward.ServeReverse(f.ctx, forward.ReverseConn{Gateway: netstack.Gateway, Port: port, HostPort: hostPort,
-		Accept: accept, Hold: f.hold(port), Audit: f.audit})
-}
-
-// hold registers a reverse connection's guest side, to be cut when the
-// forward on port is removed.
-func (f *forwards) hold(port uint16) func(net.Conn) (func(), bool) {
-	return func(g net.Conn) (func(), bool) {
-		f.rmu.Lock()
-		f.rconns[g] = port
-		f.rmu.Unlock()
-		release := func() {
-			f.rmu.Lock()
-			delete(f.rconns, g)
-			f.rmu.Unlock()
-		}
-		if _, ok := f.table.Load().Lookup(port); !ok {
-			// Removed while we dialed: sync swept before we registered.
-			release()
-			return nil, false
-		}
-		return release, true
-	}
+		Accept: accept, Hold: f.rev.Hold(port), Audit: f.audit})
 }
 
 // localMCP reports whether a host-local MCP server is declared on the
@@ -213,32 +174,7 @@ func (f *forwards) change(ch control.ForwardChange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.d.updateRecord(func(rec *state.Record) error {
-		cfg, err := rec.Snapshot()
-		if err != nil {
-			return err
-		}
-		rt := &state.RuntimeForwards{}
-		if rec.Forwards != nil {
-			rt.Ports = append(rt.Ports, rec.Forwards.Ports...)
-			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
-		}
-		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := forward.ApplyChange(rt, cfg, filepath.Base(f.d.o.Dir), ch); err != nil {
-			return err
-		}
-		f.sync(forward.Entries(cfg.Forwards, rt))
-		if ch.Op == "add" && !ch.Reverse {
-			fw, _, _ := forward.Parse(ch.Spec)
-			if msg, ok := f.local.Failed(fw.Host); ok {
-				f.sync(old)
-				return errors.New(msg)
-			}
-		}
-		rec.Forwards = rt
-		if len(rt.Ports)+len(rt.Reverse) == 0 {
-			rec.Forwards = nil
-		}
-		return nil
+		return forward.ChangeRecord(rec, filepath.Base(f.d.o.Dir), ch, f.sync, f.local.Served)
 	})
 }
 

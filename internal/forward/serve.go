@@ -9,10 +9,12 @@ import (
 	"net/netip"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/state"
 )
 
@@ -261,4 +263,121 @@ func ServeReverse(ctx context.Context, r ReverseConn) {
 func RefusalRecord(gateway netip.Addr, port uint16, sandbox string) audit.Record {
 	return audit.Record{Time: time.Now(), Proto: "tcp", Dst: netip.AddrPortFrom(gateway, port).String(), Verdict: audit.Deny,
 		Reason: audit.NotReverseForward(port, sandbox)}
+}
+
+// Reverse is the reverse forwards in force as a front end serves them:
+// the table, swapped whole on each change and read without a lock (on
+// the netstack's packet path, in the daemon), and the open connections'
+// guest sides, cut when their forward is removed.
+type Reverse struct {
+	table atomic.Pointer[Table]
+
+	// mu guards conns: the guest sides by gateway port.
+	mu    sync.Mutex
+	conns map[net.Conn]uint16
+}
+
+// NewReverse has no reverse forwards.
+func NewReverse() *Reverse {
+	r := &Reverse{conns: map[net.Conn]uint16{}}
+	r.table.Store(&Table{})
+	return r
+}
+
+// Lookup is the table's Lookup.
+func (r *Reverse) Lookup(gatewayPort uint16) (hostPort uint16, ok bool) {
+	return r.table.Load().Lookup(gatewayPort)
+}
+
+// Sync makes the table es's reverse entries and cuts the connections of
+// those no longer there.
+func (r *Reverse) Sync(es []Entry) {
+	t := ReverseTable(es)
+	r.table.Store(&t)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c, port := range r.conns {
+		if _, ok := t.Lookup(port); !ok {
+			c.Close()
+			delete(r.conns, c)
+		}
+	}
+}
+
+// Hold is ReverseConn.Hold for a connection to port.
+func (r *Reverse) Hold(port uint16) func(net.Conn) (func(), bool) {
+	return func(g net.Conn) (func(), bool) {
+		r.mu.Lock()
+		r.conns[g] = port
+		r.mu.Unlock()
+		release := func() {
+			r.mu.Lock()
+			delete(r.conns, g)
+			r.mu.Unlock()
+		}
+		if _, ok := r.Lookup(port); !ok {
+			// Removed while the host was dialed: Sync swept before it
+			// was registered.
+			release()
+			return nil, false
+		}
+		return release, true
+	}
+}
+
+// Close cuts every open connection.
+func (r *Reverse) Close() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for c := range r.conns {
+		c.Close()
+		delete(r.conns, c)
+	}
+}
+
+// ChangeRecord applies ch to rec's runtime forwards, live: sync makes
+// the front end serve the forwards then in force, and served says whether
+// the forward ch adds does serve (a host port in use); if not, sync
+// serves the old ones again and the error is returned, so that rec, which
+// the caller writes only on success, never keeps a forward that does not
+// work. sandbox is the name error messages' commands use.
+func ChangeRecord(rec *state.Record, sandbox string, ch control.ForwardChange, sync func([]Entry), served func(e Entry) error) error {
+	cfg, err := rec.Snapshot()
+	if err != nil {
+		return err
+	}
+	rt := &state.RuntimeForwards{}
+	if rec.Forwards != nil {
+		rt.Ports = append(rt.Ports, rec.Forwards.Ports...)
+		rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
+	}
+	old := Entries(cfg.Forwards, rec.Forwards)
+	if err := ApplyChange(rt, cfg, sandbox, ch); err != nil {
+		return err
+	}
+	sync(Entries(cfg.Forwards, rt))
+	if ch.Op == "add" {
+		fw, _, _ := Parse(ch.Spec)
+		if err := served(Entry{Reverse: ch.Reverse, Forward: fw}); err != nil {
+			sync(old)
+			return err
+		}
+	}
+	rec.Forwards = rt
+	if len(rt.Ports)+len(rt.Reverse) == 0 {
+		rec.Forwards = nil
+	}
+	return nil
+}
+
+// Served is the served function of ChangeRecord for host → guest
+// forwards: the error of one that does not listen.
+func (l *Listeners) Served(e Entry) error {
+	if e.Reverse {
+		return nil
+	}
+	if msg, ok := l.Failed(e.Host); ok {
+		return errors.New(msg)
+	}
+	return nil
 }

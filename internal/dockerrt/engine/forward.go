@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -47,15 +45,10 @@ type forwarder struct {
 	// local is the host → guest forwards' listeners, which dial the
 	// workload's address on the bridge.
 	local *forward.Listeners
-	// table is the reverse forwards, swapped whole on each change.
-	table atomic.Pointer[forward.Table]
+	// rev is the reverse forwards.
+	rev *forward.Reverse
 	// revErr says why reverse forwards are not served (nil: they are).
 	revErr error
-
-	// rmu guards rconns: the open reverse connections' guest sides, by
-	// gateway port, cut when their forward is removed.
-	rmu    sync.Mutex
-	rconns map[net.Conn]uint16
 	wg     sync.WaitGroup // the reverse listener's connections
 }
 
@@ -77,16 +70,7 @@ func (f *forwarder) entries() ([]forward.Entry, config.Forwards, *state.Record, 
 // the connections of reverse forwards no longer there. f.mu is held.
 func (f *forwarder) sync(es []forward.Entry) {
 	f.local.Sync(es)
-	t := forward.ReverseTable(es)
-	f.table.Store(&t)
-	f.rmu.Lock()
-	for c, port := range f.rconns {
-		if _, ok := t.Lookup(port); !ok {
-			c.Close()
-			delete(f.rconns, c)
-		}
-	}
-	f.rmu.Unlock()
+	f.rev.Sync(es)
 }
 
 // audit writes a record as the gate writes its own.
@@ -116,7 +100,7 @@ func (f *forwarder) serveReverse(ln net.Listener) {
 			continue
 		}
 		port := dst.Port()
-		hostPort, ok := f.table.Load().Lookup(port)
+		hostPort, ok := f.rev.Lookup(port)
 		if !ok {
 			f.audit(forward.RefusalRecord(dockerrt.ReverseAddr, port, f.name))
 			reset(c)
@@ -129,29 +113,9 @@ func (f *forwarder) serveReverse(ln net.Listener) {
 				// Accepted already: the kernel completed the handshake
 				// before the forwarder could dial the host.
 				Accept: func() (net.Conn, error) { return c, nil },
-				Hold:   f.hold(port), Audit: f.audit})
+				Hold:   f.rev.Hold(port), Audit: f.audit})
 			c.Close()
 		}()
-	}
-}
-
-// hold registers a reverse connection's guest side, to be cut when the
-// forward on port is removed.
-func (f *forwarder) hold(port uint16) func(net.Conn) (func(), bool) {
-	return func(g net.Conn) (func(), bool) {
-		f.rmu.Lock()
-		f.rconns[g] = port
-		f.rmu.Unlock()
-		release := func() {
-			f.rmu.Lock()
-			delete(f.rconns, g)
-			f.rmu.Unlock()
-		}
-		if _, ok := f.table.Load().Lookup(port); !ok {
-			release()
-			return nil, false
-		}
-		return release, true
 	}
 }
 
@@ -191,36 +155,12 @@ func (f *forwarder) change(ch control.ForwardChange) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return state.Update(f.dir, func(rec *state.Record) error {
-		cfg, err := rec.Snapshot()
-		if err != nil {
-			return err
-		}
-		rt := &state.RuntimeForwards{}
-		if rec.Forwards != nil {
-			rt.Ports = append(rt.Ports, rec.Forwards.Ports...)
-			rt.Reverse = append(rt.Reverse, rec.Forwards.Reverse...)
-		}
-		old := forward.Entries(cfg.Forwards, rec.Forwards)
-		if err := forward.ApplyChange(rt, cfg, f.name, ch); err != nil {
-			return err
-		}
-		f.sync(forward.Entries(cfg.Forwards, rt))
-		if ch.Op == "add" {
-			fw, _, _ := forward.Parse(ch.Spec)
-			if ch.Reverse && f.revErr != nil {
-				f.sync(old)
+		return forward.ChangeRecord(rec, f.name, ch, f.sync, func(e forward.Entry) error {
+			if e.Reverse {
 				return f.revErr
 			}
-			if msg, ok := f.local.Failed(fw.Host); ok && !ch.Reverse {
-				f.sync(old)
-				return errors.New(msg)
-			}
-		}
-		rec.Forwards = rt
-		if len(rt.Ports)+len(rt.Reverse) == 0 {
-			rec.Forwards = nil
-		}
-		return nil
+			return f.local.Served(e)
+		})
 	})
 }
 
@@ -325,8 +265,7 @@ func Forward(ctx context.Context, dir string, pid int) error {
 		return fmt.Errorf("opening the forwards' audit log: %w", err)
 	}
 	defer rec.Close()
-	f := &forwarder{dir: dir, name: r.Name, ctx: ctx, log: log, rec: rec, rconns: map[net.Conn]uint16{}}
-	f.table.Store(&forward.Table{})
+	f := &forwarder{dir: dir, name: r.Name, ctx: ctx, log: log, rec: rec, rev: forward.NewReverse()}
 	var d net.Dialer
 	f.local = forward.NewListeners(ctx, r.Name, r.WorkloadIP, func(ctx context.Context, port uint16) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp4", netip.AddrPortFrom(r.WorkloadIP, port).String())
@@ -366,11 +305,7 @@ func Forward(ctx context.Context, dir string, pid int) error {
 	if rln != nil {
 		rln.Close()
 	}
-	f.rmu.Lock()
-	for c := range f.rconns {
-		c.Close()
-	}
-	f.rmu.Unlock()
+	f.rev.Close()
 	f.wg.Wait()
 	return nil
 }

@@ -68,12 +68,7 @@ func allowedRoutes(subnet netip.Prefix) []netip.Prefix {
 // moat does this from the host; neither the holder nor the workload
 // holds NET_ADMIN.
 func isolate(pid int, r *dockerrt.Record) error {
-	ns, err := netns.GetFromPid(pid)
-	if err != nil {
-		return fmt.Errorf("opening the workload's network namespace: %w", err)
-	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := nsHandle(pid)
 	if err != nil {
 		return err
 	}
@@ -102,6 +97,16 @@ func isolate(pid int, r *dockerrt.Record) error {
 		return fmt.Errorf("flushing the workload's nat rules (Docker's resolver at 127.0.0.11): %v: %s", err, out)
 	}
 	return nil
+}
+
+// nsHandle is a netlink handle in pid's network namespace.
+func nsHandle(pid int) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPid(pid)
+	if err != nil {
+		return nil, fmt.Errorf("opening the workload's network namespace: %w", err)
+	}
+	defer ns.Close() // the handle keeps its own
+	return netlink.NewHandleAt(ns)
 }
 
 // pruneRoutes deletes every route of h's namespace but allowedRoutes.
@@ -209,12 +214,7 @@ func sameNetns(a, b int) bool {
 // are left as they are.
 func ensureIsolated(r *dockerrt.Record, pid int) error {
 	if checkRoutes(pid, r.Subnet) != nil {
-		ns, err := netns.GetFromPid(pid)
-		if err != nil {
-			return fmt.Errorf("opening the workload's network namespace: %w", err)
-		}
-		defer ns.Close()
-		h, err := netlink.NewHandleAt(ns)
+		h, err := nsHandle(pid)
 		if err != nil {
 			return err
 		}
