@@ -11,12 +11,16 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sandboxv1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
+	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/kubert"
@@ -316,4 +320,75 @@ func TestCLIRun(t *testing.T) {
 		t.Errorf("moat exec after destroy: exit %d %q; want 3", r.code, r.stderr)
 	}
 	t.Logf("moat destroy: %s", strings.TrimSpace(r.stderr))
+}
+
+// A claim whose pod never gets Ready (its image is not on the node) is
+// waited for until the user interrupts moat, as Ctrl-C on a terminal
+// does (SIGINT to moat's process group, moat-kube included): the claim
+// is deleted and nothing is recorded.
+func TestCLIInterruptedClaim(t *testing.T) {
+	e := setUp(t)
+	ctx := context.Background()
+	tpl := &extv1.SandboxTemplate{
+		ObjectMeta: metav1.ObjectMeta{Name: "never-ready"},
+		Spec: extv1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1.SandboxBlueprint{PodTemplate: sandboxv1.PodTemplate{
+			Spec: corev1.PodSpec{
+				RuntimeClassName:             ptr("gvisor"),
+				AutomountServiceAccountToken: ptr(false),
+				Containers:                   []corev1.Container{{Name: "agent", Image: "moat.local/no-such-image:none", ImagePullPolicy: corev1.PullNever}},
+			},
+		}}},
+	}
+	if _, err := e.ext.ExtensionsV1beta1().SandboxTemplates(e.sbNS).Create(ctx, tpl, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := e.ext.ExtensionsV1beta1().SandboxWarmPools(e.sbNS).Create(ctx, &extv1.SandboxWarmPool{
+		ObjectMeta: metav1.ObjectMeta{Name: "never-ready"},
+		Spec:       extv1.SandboxWarmPoolSpec{Replicas: ptr(int32(1)), TemplateRef: extv1.SandboxTemplateRef{Name: "never-ready"}},
+	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	c := newCLI(t)
+	cmd := exec.Command(c.bin, "run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", "never-ready", "--name", "stuck", "--", "/client", "say", "x", "", "0")
+	cmd.Dir = c.ws
+	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var claim string
+	if err := poll(ctx, time.Minute, func() (bool, string) {
+		l, err := e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).List(ctx, metav1.ListOptions{LabelSelector: "moat.dev/sandbox=stuck"})
+		if err != nil || len(l.Items) == 0 {
+			return false, fmt.Sprintf("no claim of moat's yet (%v); moat says %q", err, errb.String())
+		}
+		claim = l.Items[0].Name
+		return true, ""
+	}); err != nil {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		cmd.Wait()
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // well into the wait for a Ready pod
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGINT)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Errorf("moat run exited 0 after an interrupted claim")
+		}
+	case <-time.After(time.Minute):
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		t.Fatalf("moat run still running a minute after SIGINT; stderr %q", errb.String())
+	}
+	t.Logf("moat run, interrupted: %s", strings.TrimSpace(errb.String()))
+	if _, err := e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).Get(ctx, claim, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("claim %s after the interrupted run: %v; want it deleted", claim, err)
+	}
+	if _, err := os.Stat(filepath.Join(c.home, "state", "sandboxes", "stuck")); err == nil {
+		t.Errorf("the interrupted run left a sandbox record")
+	}
 }

@@ -39,7 +39,9 @@ func Main(args []string, version string) int {
 		fmt.Fprintln(os.Stderr, usage)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	// SIGINT too: Ctrl-C reaches moat-kube with moat (one process
+	// group), and a claim being waited for must be deleted, not left.
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	var err error
 	switch args[1] {
