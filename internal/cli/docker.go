@@ -351,8 +351,9 @@ func dockerNotes(w io.Writer, runsc string) {
 	}
 	abs, _ := filepath.Abs(runsc)
 	fmt.Fprintf(w, "note Docker runtime runsc: not registered; Docker sandboxes run on runc and share the host's kernel. Register the runsc moat builds with:\n"+
-		"       sudo %s install --runtime=runsc && sudo systemctl restart docker\n"+
-		"     (runsc install adds {\"runtimes\": {\"runsc\": {\"path\": %q}}} to /etc/docker/daemon.json)\n", abs, abs)
+		"       sudo %s install --runtime=runsc -- --overlay2=none && sudo systemctl restart docker\n"+
+		"     (runsc install adds {\"runtimes\": {\"runsc\": {\"path\": %q, \"runtimeArgs\": [\"--overlay2=none\"]}}} to /etc/docker/daemon.json;\n"+
+		"     --overlay2=none keeps what the workload writes in Docker's layer, so it outlives moat down as on runc)\n", abs, abs)
 }
 
 // runtimeFlagHelp is --runtime's help.
