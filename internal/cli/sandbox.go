@@ -433,7 +433,7 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 		return nil, err
 	}
 	cmd.ExtraFiles = []*os.File{wr, srd}
-	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, roles.BuildEnv+"="+roles.MoatVersion())
+	cmd.Env = roles.KeeperEnviron(append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, roles.BuildEnv+"="+roles.MoatVersion()))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()

@@ -50,9 +50,33 @@ func UpstreamDNS(v string) ([]netip.AddrPort, error) {
 	return out, nil
 }
 
+// KeeperEnviron is the environment moat starts the keeper with: environ
+// and, unless the user set GOMAXPROCS, one processor. The keeper mostly
+// waits (on the shim, the gate process, the control socket), and each
+// processor the Go runtime starts with holds memory of its own for the
+// sandbox's life, about 0.3 MiB (docs/benchmarks.md); setting it once
+// running does not give that back, so it is set before the keeper starts.
+// keeperProcsEnv marks it as moat's, and daemonMain takes it out of what
+// the keeper's children inherit (the gate process, hooks, host tools).
+func KeeperEnviron(environ []string) []string {
+	for _, kv := range environ {
+		if strings.HasPrefix(kv, "GOMAXPROCS=") {
+			return environ
+		}
+	}
+	return append(environ, "GOMAXPROCS=1", keeperProcsEnv+"=1")
+}
+
+// keeperProcsEnv says that the keeper's GOMAXPROCS is KeeperEnviron's.
+const keeperProcsEnv = "MOAT_KEEPER_PROCS"
+
 // daemonMain is DaemonRole, started detached by `moat up`: the daemon's
 // privileged process, the keeper (see daemon/keeper.go).
 func daemonMain(dir string) int {
+	if os.Getenv(keeperProcsEnv) != "" {
+		os.Unsetenv("GOMAXPROCS")
+		os.Unsetenv(keeperProcsEnv)
+	}
 	// The log, and the hooks' output, rotate within a bound (a guest
 	// controls how much they write); stdout and stderr follow each new
 	// file, for what reaches them directly (a panic).

@@ -1,6 +1,7 @@
 package roles
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -37,5 +38,21 @@ func TestSameBuild(t *testing.T) {
 	}
 	if err := SameBuild(own + "-other"); err == nil || !strings.Contains(err.Error(), "scripts/setup.sh") {
 		t.Errorf("sameBuild of another build = %v, want it to say how to install both", err)
+	}
+}
+
+// The keeper starts on one processor unless the user chose a number, and
+// says that the choice was moat's, so that its children do not inherit it.
+func TestKeeperEnviron(t *testing.T) {
+	for _, tc := range []struct {
+		in, want []string
+	}{
+		{[]string{"PATH=/bin"}, []string{"PATH=/bin", "GOMAXPROCS=1", keeperProcsEnv + "=1"}},
+		{[]string{"PATH=/bin", "GOMAXPROCS=2"}, []string{"PATH=/bin", "GOMAXPROCS=2"}},
+		{[]string{"GOMAXPROCS="}, []string{"GOMAXPROCS="}},
+	} {
+		if got := KeeperEnviron(tc.in); !slices.Equal(got, tc.want) {
+			t.Errorf("KeeperEnviron(%q) = %q, want %q", tc.in, got, tc.want)
+		}
 	}
 }
