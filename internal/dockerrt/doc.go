@@ -31,19 +31,28 @@
 //	                  the values of env: and command: secrets once the
 //	                  gate serves and before the workload starts, and
 //	                  again at every session (PushSecrets).
-//	moat-NAME-work    the workload image, on the internal network only,
-//	                  with moat init (internal/guest) as PID 1 and the
-//	                  guest agent on .3:22, which the host reaches over the
-//	                  bridge. The guest's files are the gVisor sandbox's:
-//	                  /.moat holds moat, guest.json, host_key and ca.pem.
+//	moat-NAME-net     the network holder: `moat-docker hold` (it waits for
+//	                  its stop signal) in the gate's image, moat-docker
+//	                  bound in, on runc, no capability; on the internal
+//	                  network only, at .3, with the guest's hostname. It
+//	                  owns the namespace the workload joins.
+//	moat-NAME-work    the workload image, in the holder's namespace
+//	                  (container:moat-NAME-net), on runsc or runc
+//	                  (Record.Runtime), with moat init (internal/guest) as
+//	                  PID 1 and the guest agent on .3:22, which the host
+//	                  reaches over the bridge. The guest's files are the
+//	                  gVisor sandbox's: /.moat holds moat, guest.json,
+//	                  host_key and ca.pem.
 //
 // Docker 20.10 gives a container on an --internal network a default route
 // to the bridge and an embedded DNS server at 127.0.0.11 that answers the
-// network's container names. Neither is moat's answer, so once the
-// workload runs, moat enters its network namespace from the host (the
-// workload never gets NET_ADMIN) and deletes every route but the subnet's,
-// and flushes the nat rules that send 127.0.0.11 to Docker's resolver
-// (engine/netns_linux.go). The host's bridge address is on the subnet, so the
+// network's container names. Neither is moat's answer, so before the
+// workload starts, moat enters the holder's network namespace from the
+// host (neither container gets NET_ADMIN), deletes every route but the
+// subnet's and the reverse link's, and flushes the nat rules that send
+// 127.0.0.11 to Docker's resolver (engine/netns_linux.go). Before, not
+// after: runsc copies the namespace's routes into gVisor's network when
+// the workload starts, and never again. The host's bridge address is on the subnet, so the
 // host's INPUT chain drops what the bridge brings that is not a reply to
 // the host's own connection (the agent's answers).
 //
@@ -71,6 +80,8 @@
 //	                                    basics, never moat's)
 //	moat-docker stop DIR                {"schema":1}
 //	moat-docker down DIR                {"schema":1}
+//	moat-docker hold                    the network holder's process: waits for
+//	                                    SIGTERM (engine/sandbox.go)
 //	moat-docker forward DIR PID         the sandbox's port forwards, held until
 //	                                    PID (the workload's init, on the host)
 //	                                    exits; started by up, detached, its

@@ -28,13 +28,21 @@ import (
 //	              the host's connections and their replies are what the
 //	              host's INPUT guard lets through.
 //	guest → host  the forwarder listens inside the workload's network
-//	              namespace, on ReverseAddr (added to its loopback
-//	              device), and dials the host's 127.0.0.1:HOST: the
+//	              namespace, on ReverseAddr, which it gives to the
+//	              namespace's side of the reverse link (a veth pair moat
+//	              makes before the workload starts; under runsc gVisor
+//	              holds the other side, ReverseLocal), and a nat rule
+//	              there sends every port of ReverseAddr to its one
+//	              listener: a port a reverse forward lists is dialed on
+//	              the host's 127.0.0.1:HOST, any other is reset and
+//	              audited, as a gVisor sandbox's gateway does. The
 //	              listener is a socket the workload can connect to but
-//	              not touch, no packet crosses the bridge, and every
-//	              other port of ReverseAddr is refused by the
-//	              workload's own kernel. The host's guard stays as it
-//	              is: nothing on the bridge reaches the host.
+//	              not touch, no packet crosses the bridge, and the
+//	              host's guard stays as it is.
+//
+// Each connection, both ways, and each refusal gets an audit record of
+// the gate's schema (internal/forward's, as the daemon writes them) in
+// ForwardAuditPath.
 //
 // The forwarder answers the control API's forward endpoints
 // (internal/control: GET and POST /v1/forwards, the same bodies as a
@@ -66,7 +74,9 @@ func ForwardPID(dir string) string { return filepath.Join(dir, "docker-forward.p
 // ForwardAuditPath is the audit log of the forwards' connections and
 // refusals, which the forwarder writes (its rotations beside it): the
 // gate's is the gate container's to write.
-func ForwardAuditPath(dir string) string { return filepath.Join(dir, "docker-forward-audit", "forward.jsonl") }
+func ForwardAuditPath(dir string) string {
+	return filepath.Join(dir, "docker-forward-audit", "forward.jsonl")
+}
 
 // ForwardLog is the forwarder's log (its stderr), replaced at each start.
 func ForwardLog(dir string) string { return filepath.Join(dir, "docker-forward.log") }

@@ -102,6 +102,26 @@ func (e *Conn) HasRuntime(ctx context.Context, name string) (bool, error) {
 	return ok, nil
 }
 
+// runtimeKeepsWrites reports whether the engine's runtime name keeps a
+// container's writes in Docker's layer: true but for runsc registered
+// without --overlay2=none, which keeps them in the sandbox, gone at its
+// stop.
+func (e *Conn) runtimeKeepsWrites(ctx context.Context, name string) bool {
+	if name != "runsc" {
+		return true
+	}
+	info, err := e.c.Info(ctx)
+	if err != nil {
+		return true // not known: no warning rather than a wrong one
+	}
+	for _, a := range info.Runtimes[name].Args {
+		if a == "--overlay2=none" {
+			return true
+		}
+	}
+	return false
+}
+
 // ResolveImage returns the id (sha256:...) of a local image: the digest
 // a sandbox records, so that a tag moved later does not change it.
 func (e *Conn) ResolveImage(ctx context.Context, ref string) (string, error) {
