@@ -587,6 +587,9 @@ behind, uncommitted files and pull request.`,
 				}
 			}
 			le := e.entry(rec)
+			if rec.Runtime == runtimeKube {
+				return printKubeStatus(c.OutOrStdout(), le, asJSON) // kube.go: no daemon, no workspace in the pod
+			}
 			if le.Changed, err = workspaceChanges(dir, rec.Workspace); err != nil {
 				le.Warnings = append(le.Warnings, "could not check the workspace's git hooks and editor files: "+err.Error())
 			}

@@ -2,8 +2,10 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -288,6 +290,27 @@ func kubeEntry(r *state.Record, dir string) listEntry {
 		le.Error = err.Error()
 	}
 	return le
+}
+
+// printKubeStatus is moat status for a Kubernetes sandbox: where its
+// claim is, and where to look next.
+func printKubeStatus(out io.Writer, le listEntry, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(out).Encode(le)
+	}
+	fmt.Fprintf(out, "name:       %s\nstate:      %s\nruntime:    kubernetes\nimage:      %s\nworkspace:  %s\n", le.Name, le.State, le.Image, le.Workspace)
+	if k := le.Claim; k != nil {
+		ctx := k.Context
+		if ctx == "" {
+			ctx = "(the kubeconfig's current)"
+		}
+		fmt.Fprintf(out, "claim:      %s (uid %s) in namespace %s, warm pool %s\ncontext:    %s\npod:        %s on node %s (when claimed)\naudit:      moat network audit %s (from the gate in namespace %s)\n",
+			k.Claim, k.ClaimUID, k.Namespace, k.Pool, ctx, k.Pod, k.Node, le.Name, k.GateNamespace)
+	}
+	if le.Error != "" {
+		fmt.Fprintf(out, "error:      %s\n", le.Error)
+	}
+	return nil
 }
 
 // kubeAudit hands fn the sandbox's audit records, read from its node's

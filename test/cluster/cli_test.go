@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -132,6 +133,56 @@ func (c *cli) runPTY(t *testing.T, rows, cols uint16, args ...string) (string, i
 		t.Fatalf("moat %q on a terminal: %v", args, err)
 	}
 	return out.String(), code
+}
+
+// followAudit runs moat network audit NAME -f until it prints a line
+// with want, then interrupts it, which must end it at once.
+func (c *cli) followAudit(t *testing.T, name, want string) {
+	t.Helper()
+	cmd := exec.Command(c.bin, "network", "audit", name, "-f")
+	cmd.Dir = c.ws
+	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		found := false
+		for sc.Scan() {
+			if !found && strings.Contains(sc.Text(), want) {
+				found = true
+				seen <- true
+			}
+		}
+		if !found {
+			seen <- false
+		}
+	}()
+	select {
+	case ok := <-seen:
+		if !ok {
+			t.Errorf("moat network audit %s -f ended without a line with %q", name, want)
+		}
+	case <-time.After(time.Minute):
+		t.Errorf("moat network audit %s -f: no line with %q in a minute", name, want)
+	}
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("moat network audit -f, interrupted: %v; want exit 0", err)
+		}
+	case <-time.After(20 * time.Second):
+		cmd.Process.Kill()
+		t.Errorf("moat network audit -f still running 20 s after SIGINT")
+	}
 }
 
 // kubeRecord is the claim moat recorded for sandbox name.
@@ -300,6 +351,12 @@ func TestCLIRun(t *testing.T) {
 		t.Errorf("moat network audit c1: %q %q", r.stdout, r.stderr)
 	}
 
+	c.followAudit(t, "c1", "beta.moat.test")
+	r = c.run(t, "", "status", "c1")
+	t.Logf("moat status c1:\n%s", r.stdout)
+	if r.code != 0 || !strings.Contains(r.stdout, "claimed") || !strings.Contains(r.stdout, kr.Claim) {
+		t.Errorf("moat status c1: exit %d %q %q", r.code, r.stdout, r.stderr)
+	}
 	r = c.run(t, "", "list")
 	t.Logf("moat list:\n%s", r.stdout)
 	if !strings.Contains(r.stdout, "c1") || !strings.Contains(r.stdout, "claimed") || !strings.Contains(r.stdout, "kubernetes") {
