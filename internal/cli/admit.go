@@ -23,6 +23,17 @@ func limitsOf(r *state.Record) resources.Limits {
 	return resources.FromConfig(cfg.Sandbox)
 }
 
+// holdsMemory says whether a sandbox in the effective state st counts in
+// admission: its daemon lives and its guest runs or is about to.
+func holdsMemory(st string) bool {
+	switch st {
+	case state.StateStarting, state.StateRunning, state.StateStopping,
+		state.StateSuspending, state.StateResuming:
+		return true
+	}
+	return false
+}
+
 // admit checks, under the host-wide admission lock, that the sandbox in dir
 // fits next to the running ones (resources.Admit: each counts its
 // memory_max and its daemon's limit), and removes the cgroups
@@ -57,11 +68,10 @@ func (e *env) admit(dir string) (release func(), err error) {
 			continue
 		}
 		d := e.dirs.Sandbox(r.Name)
-		switch st, _ := state.Effective(r, d); st {
-		case state.StateStarting, state.StateRunning, state.StateStopping:
+		if st, _ := state.Effective(r, d); holdsMemory(st) {
 			l := limitsOf(r)
 			running = append(running, resources.Running{Name: r.Name, CeilingBytes: l.CeilingBytes, DaemonBytes: l.DaemonBytes})
-		default:
+		} else {
 			// No daemon: a group it left is garbage (a live daemon
 			// removes its own).
 			resources.RemoveStale(d)
