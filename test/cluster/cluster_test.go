@@ -560,6 +560,8 @@ type sandboxKind struct {
 	name   string // template, pool and policy ConfigMap
 	policy string // moat.toml
 	secret string // the Secret its claims get; "" none
+	// podAnnotations go on its pods (moat-cni's moat.dev/egress).
+	podAnnotations map[string]string
 }
 
 // makeKind creates a template whose sandboxes run the client, its policy
@@ -587,7 +589,7 @@ func (e *env) makeKindWith(ctx context.Context, k sandboxKind, replicas int32, g
 	tpl := &extv1.SandboxTemplate{
 		ObjectMeta: metav1.ObjectMeta{Name: k.name, Annotations: ann},
 		Spec: extv1.SandboxTemplateSpec{SandboxBlueprint: sandboxv1.SandboxBlueprint{PodTemplate: sandboxv1.PodTemplate{
-			ObjectMeta: sandboxv1.PodMetadata{Labels: map[string]string{"moat.dev/gate-tenant": k.name}},
+			ObjectMeta: sandboxv1.PodMetadata{Labels: map[string]string{"moat.dev/gate-tenant": k.name}, Annotations: k.podAnnotations},
 			Spec: corev1.PodSpec{
 				RuntimeClassName:             ptr("gvisor"),
 				AutomountServiceAccountToken: ptr(false),
