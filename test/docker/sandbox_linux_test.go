@@ -581,6 +581,31 @@ func TestDockerSandbox(t *testing.T) {
 		}
 	})
 
+	t.Run("a holder Docker restarted: the workload starts again in its new namespace, isolated", func(t *testing.T) {
+		t0 := 5
+		if err := s.dc.ContainerRestart(ctx, netName, container.StopOptions{Timeout: &t0}); err != nil {
+			t.Fatal(err)
+		}
+		// Docker's routes are back in the new namespace until a session
+		// isolates it; the workload is still in the old one.
+		out := s.must(t, "ip", "route")
+		if strings.Contains(out, "default") || !strings.Contains(out, subnet.String()) {
+			t.Errorf("after docker restart of the holder, the workload's routes:\n%s\nwant %s and no default", out, subnet)
+		}
+		h, err := s.dc.ContainerInspect(ctx, netName)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRoutes(t, h.State.Pid, subnet)
+		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
+			t.Errorf("plain.test after docker restart of the holder: %q", out)
+		}
+		// The guest's hostname, which the workload takes from the holder.
+		if got := strings.TrimSpace(s.must(t, "hostname")); got != s.name {
+			t.Errorf("the workload's hostname is %q, want the sandbox's name %q", got, s.name)
+		}
+	})
+
 	t.Run("moat down stops the containers and keeps them", func(t *testing.T) {
 		cmd := exec.Command(s.bin, "down", s.name)
 		cmd.Dir, cmd.Env = s.ws, s.env
