@@ -405,6 +405,11 @@ func TestCLIInterruptedClaim(t *testing.T) {
 	}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() {
+		ctx := context.Background()
+		e.ext.ExtensionsV1beta1().SandboxWarmPools(e.sbNS).Delete(ctx, "never-ready", metav1.DeleteOptions{})
+		e.ext.ExtensionsV1beta1().SandboxTemplates(e.sbNS).Delete(ctx, "never-ready", metav1.DeleteOptions{})
+	})
 	c := newCLI(t)
 	cmd := exec.Command(c.bin, "run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", "never-ready", "--name", "stuck", "--", "/client", "say", "x", "", "0")
 	cmd.Dir = c.ws
