@@ -2,6 +2,7 @@ package forward
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/control"
 	"moat.dev/moat/internal/state"
 )
 
@@ -205,5 +207,53 @@ func TestServeReverse(t *testing.T) {
 
 	if r := RefusalRecord(gw, 22, "box"); r.Verdict != audit.Deny || r.Dst != "10.88.0.1:22" || r.Reason != audit.NotReverseForward(22, "box") {
 		t.Errorf("RefusalRecord = %+v", r)
+	}
+}
+
+// ChangeRecord keeps a change only when it serves: a forward that does
+// not is served no more, and the record is left as it was.
+func TestChangeRecord(t *testing.T) {
+	var served [][]Entry
+	sync := func(es []Entry) { served = append(served, es) }
+	busy := errors.New("host port 8080 is already in use")
+	check := func(e Entry) error {
+		if !e.Reverse && e.Host == 8080 {
+			return busy
+		}
+		return nil
+	}
+	for _, c := range []struct {
+		name    string
+		ch      control.ForwardChange
+		err     error
+		syncs   int
+		forward *state.RuntimeForwards
+	}{
+		{"an add that serves is kept", control.ForwardChange{Op: "add", Spec: "3000"}, nil, 1,
+			&state.RuntimeForwards{Ports: []state.Forward{{Host: 3000, Guest: 3000}}}},
+		{"an add that does not is served no more and not kept", control.ForwardChange{Op: "add", Spec: "8080:80"}, busy, 2, nil},
+		{"a reverse add is kept", control.ForwardChange{Op: "add", Spec: "5432", Reverse: true}, nil, 1,
+			&state.RuntimeForwards{Reverse: []state.Forward{{Host: 5432, Guest: 5432}}}},
+		{"a bad spec changes nothing", control.ForwardChange{Op: "add", Spec: "x"}, ErrSpec, 0, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			served = nil
+			rec := &state.Record{Name: "box"}
+			err := ChangeRecord(rec, "box", c.ch, sync, check)
+			if !errors.Is(err, c.err) || (c.err == nil && err != nil) {
+				t.Fatalf("ChangeRecord: %v, want %v", err, c.err)
+			}
+			if len(served) != c.syncs {
+				t.Fatalf("synced %d times (%v), want %d", len(served), served, c.syncs)
+			}
+			if c.syncs == 2 && len(served[1]) != 0 {
+				t.Errorf("after the failed add, served %v; want the old forwards, none", served[1])
+			}
+			got, _ := json.Marshal(rec.Forwards)
+			want, _ := json.Marshal(c.forward)
+			if string(got) != string(want) {
+				t.Errorf("the record's forwards = %s, want %s", got, want)
+			}
+		})
 	}
 }
