@@ -114,7 +114,9 @@ func (f *forwarder) serveReverse(ln net.Listener) {
 				// before the forwarder could dial the host.
 				Accept: func() (net.Conn, error) { return c, nil },
 				Hold:   f.rev.Hold(port), Audit: f.audit})
-			c.Close()
+			// Joined and closed, or not accepted because the host's port
+			// did not answer: reset, as that SYN would be on gVisor.
+			reset(c)
 		}()
 	}
 }
