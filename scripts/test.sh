@@ -29,8 +29,8 @@ if derr=$(./scripts/docker.sh 2>&1); then
 	export MOAT_DOCKER=ready
 	# The run below has the workload on runsc, which docker.sh registers
 	# (a new sandbox fails, naming the runtime, if it did not); test/docker
-	# runs again on runc after it: the same checks on both runtimes, about
-	# 2 minutes each.
+	# runs again on runc after it: the same checks on both runtimes (what
+	# a pass costs: docs/docker.md, "Tests").
 	export MOAT_DOCKER_RUNTIME=runsc
 elif [ $? -eq 3 ]; then
 	export MOAT_DOCKER="skip: $(printf '%s\n' "$derr" | tail -1)"
