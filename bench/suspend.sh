@@ -11,7 +11,10 @@
 #           its ratio to moat's cold start is the lowest resume ratio moat could reach here
 #   parts:  of each start, the daemon's own start_ms (from its record to running; daemon.log) and,
 #           for a resume, the shim's `runsc restore` (runsc.log): what is left of the resume is the
-#           CLI, the daemon's process start and the forward's first answer
+#           CLI, the daemon's process start and the forward's first answer; and of a resume's
+#           start_ms, the keeper's gate_ms (the gate process's and the shim's starts until the
+#           guest's "go") and boot_ms (from "go" to running: runsc restore, then the agent's
+#           handshake)
 #   fork:   `moat fork` of the running sandbox (its suspend, the copy, its resume)  vs  the same cold
 #           start; and `moat snapshot save` of the running sandbox, `moat snapshot restore` of it until
 #           the server answers again
@@ -83,12 +86,13 @@ image_kib() { du -sk "$MOAT_HOME/state/sandboxes/suspendbench/suspend" | awk '{p
 # record to running, runsc's part included) and, for a restore, the shim's
 # `runsc restore` (runsc.log is rewritten at each start).
 sdir=$MOAT_HOME/state/sandboxes/suspendbench
-daemon_ms() { grep 'keeper: sandbox running' "$sdir/daemon.log" | tail -1 | sed -n 's/.*start_ms=\([0-9]*\).*/\1/p'; }
+keeper_ms() { grep 'keeper: sandbox running' "$sdir/daemon.log" | tail -1 | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
+daemon_ms() { keeper_ms start_ms; }
 restore_ms() { grep -o 'guest restored in [0-9]*' "$sdir/runsc.log" | tail -1 | awk '{print $4}'; }
 
 (cd "$proj" && "$MOAT" up --trust-project >/dev/null 2>&1)
 answers
-cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() dresume=() rrestore=()
+cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() dresume=() rrestore=() rgate=() rboot=()
 for i in $(seq "$N"); do
 	# Cold: from stopped (down drops any image) to the server's answer.
 	"$MOAT" down suspendbench >/dev/null 2>&1
@@ -97,7 +101,7 @@ for i in $(seq "$N"); do
 	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
 	img+=("$(image_kib)")
 	t=$(date +%s%N); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
-	dresume+=("$(daemon_ms)") rrestore+=("$(restore_ms)")
+	dresume+=("$(daemon_ms)") rrestore+=("$(restore_ms)") rgate+=("$(keeper_ms gate_ms)") rboot+=("$(keeper_ms boot_ms)")
 	t=$(date +%s%N); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
 	"$MOAT" destroy --yes forkbench >/dev/null 2>&1
 	t=$(date +%s%N); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
@@ -139,19 +143,24 @@ for i in $(seq "$N"); do
 done
 
 m() { printf '%s\n' "$@" | median; }
+# sub: a - b; medians of an even N end in .5, which $(( )) refuses.
+sub() { awk -v a="$1" -v b="$2" 'BEGIN{print a - b}'; }
+mib() { awk -v k="$1" 'BEGIN{printf "%d", k / 1024}'; }
 c=$(m "${cold[@]}") r=$(m "${resume[@]}")
 printf 'runs: %d each, interleaved, medians\n' "$N"
 printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(awk -v a="$r" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
 fl=$(m "${floor[@]}")
-printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(awk -v a="$fl" -v b="$c" 'BEGIN{printf "%.2f", a/b}')" "$((r - fl))"
+printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(awk -v a="$fl" -v b="$c" 'BEGIN{printf "%.2f", a/b}')" "$(sub "$r" "$fl")"
 dc=$(m "${dcold[@]}") dr=$(m "${dresume[@]}") rr=$(m "${rrestore[@]}")
-printf "parts: the daemon's start to running: resume %s ms (runsc restore in the shim %s ms), cold %s ms; before and after it (the CLI, the daemon's process, the forward's first answer): resume %s ms, cold %s ms\n" "$dr" "$rr" "$dc" "$((r - dr))" "$((c - dc))"
+printf "parts: the daemon's start to running: resume %s ms (runsc restore in the shim %s ms), cold %s ms; before and after it (the CLI, the daemon's process, the forward's first answer): resume %s ms, cold %s ms\n" "$dr" "$rr" "$dc" "$(sub "$r" "$dr")" "$(sub "$c" "$dc")"
+rg=$(m "${rgate[@]}") rb=$(m "${rboot[@]}")
+printf "parts of the resume's daemon start: to the guest's go (the gate process's and the shim's starts) %s ms, go to running %s ms (runsc restore, then the agent's handshake: about %s ms after runsc)\n" "$rg" "$rb" "$(sub "$rb" "$rr")"
 per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
 su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
-printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" $((si / 1024)) $((su / 1024)) "$(per "$si" "$su")"
-printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$BALLAST_MIB" "$(m "${bsusp[@]}")" $((bi / 1024)) $((bu / 1024)) "$(per "$bi" "$bu")"
+printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" "$(mib "$si")" "$(mib "$su")" "$(per "$si" "$su")"
+printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$BALLAST_MIB" "$(m "${bsusp[@]}")" "$(mib "$bi")" "$(mib "$bu")" "$(per "$bi" "$bu")"
 f=$(m "${fork[@]}")
 printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(awk -v a="$f" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
 printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
-printf 'raw: daemon start cold %s | daemon start resume %s | runsc restore %s\n' "${dcold[*]}" "${dresume[*]}" "${rrestore[*]}"
+printf 'raw: daemon start cold %s | daemon start resume %s | runsc restore %s | to go %s | go to running %s\n' "${dcold[*]}" "${dresume[*]}" "${rrestore[*]}" "${rgate[*]}" "${rboot[*]}"
 printf 'raw: floor %s | cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${floor[*]}" "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
