@@ -604,6 +604,14 @@ func TestDockerSandbox(t *testing.T) {
 		if got := strings.TrimSpace(s.must(t, "hostname")); got != s.name {
 			t.Errorf("the workload's hostname is %q, want the sandbox's name %q", got, s.name)
 		}
+		// Killed alone: the next session starts it, and the workload in
+		// it, again.
+		if err := s.dc.ContainerKill(ctx, netName, "KILL"); err != nil {
+			t.Fatal(err)
+		}
+		if out := s.must(t, "wget", "-q", "-O-", "http://plain.test/"); out != "hello from plain.test\n" {
+			t.Errorf("plain.test after the holder was killed: %q", out)
+		}
 	})
 
 	t.Run("moat down stops the containers and keeps them", func(t *testing.T) {

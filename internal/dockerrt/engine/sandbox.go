@@ -92,6 +92,16 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 	if err != nil {
 		return nil, err
 	}
+	if workUp && !netUp {
+		// A holder that stopped took the namespace's interfaces with it
+		// (a sandbox made before the holder has none, and goes on).
+		if ok, err := e.exists(ctx, r.NetName()); err != nil {
+			return nil, err
+		} else if ok {
+			e.c.ContainerKill(context.WithoutCancel(ctx), r.WorkName(), "KILL")
+			workUp = false
+		}
+	}
 	if workUp && netUp && !sameNetns(pid, netPid) {
 		// The holder was restarted behind moat's back (docker restart):
 		// the workload is left in a namespace whose interfaces went with
