@@ -261,7 +261,7 @@ the command at all.`,
 		Example: "  moat exec api -- git status",
 		Args:    cobra.MinimumNArgs(2),
 		RunE: func(c *cobra.Command, args []string) error {
-			e, dir, _, err := sandboxNamed(args[0])
+			e, dir, _, err := anySandboxNamed(args[0]) // a claim on Kubernetes too (kube.go)
 			if err != nil {
 				return err
 			}

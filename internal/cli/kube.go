@@ -160,6 +160,28 @@ func kubeNoDaemon(rec *state.Record) error {
 	return codef(ExitUsage, "sandbox %q is a claim on Kubernetes, running until it is released; it has no daemon to start or stop: use moat run, moat exec, or moat destroy %s to release it (docs/kubernetes.md)", rec.Name, rec.Name)
 }
 
+// anySandboxNamed is sandboxNamed for the commands that serve a
+// Kubernetes sandbox too: run, exec, shell, network audit.
+func anySandboxNamed(name string) (*env, string, *state.Record, error) {
+	e, err := newEnv()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	dir, rec, err := e.byName(name)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return e, dir, rec, nil
+}
+
+// kubeNotHere refuses, for a Kubernetes sandbox, a command that acts on
+// what only a sandbox of this machine has (its daemon's rules, forwards,
+// ssh, logs): silently changing a record the cluster never reads would
+// tell the user a policy changed when it did not.
+func kubeNotHere(rec *state.Record) error {
+	return codef(ExitUsage, "sandbox %q is a claim on Kubernetes: its network policy is its template's (the ConfigMap its moat.dev/policy annotation names; docs/kubernetes.md), and it has no daemon here; for it use moat run, exec, shell, status, network audit, network denials and destroy", rec.Name)
+}
+
 // kubeSame refuses flags that would make an existing sandbox another
 // claim: a sandbox keeps the claim it was made with.
 func kubeSame(dir string, rec *state.Record, f kubeFlags) error {

@@ -109,6 +109,15 @@ func TestKubeNoDaemon(t *testing.T) {
 			t.Errorf("moat %q: exit %d %q; want %d naming moat destroy", args, r.code, r.errOut, ExitUsage)
 		}
 	}
+	// What would change only this machine's record, or needs a daemon
+	// here, is refused rather than done for nothing.
+	for _, args := range [][]string{{"network", "allow", "kb", "example.com"}, {"network", "block", "kb", "example.com"},
+		{"network", "list", "kb"}, {"network", "suggest", "kb"}, {"forward", "list", "kb"}, {"ssh-config", "kb"}, {"logs", "kb"}} {
+		r := moat(args...)
+		if r.code != ExitUsage || !strings.Contains(r.errOut, "policy is its template's") {
+			t.Errorf("moat %q: exit %d %q; want %d saying where the policy is", args, r.code, r.errOut, ExitUsage)
+		}
+	}
 	if err := gvisorOnly(dir); err == nil || exitCode(err) != ExitUsage {
 		t.Errorf("gvisorOnly of a claim: %v; want it refused", err)
 	}

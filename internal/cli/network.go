@@ -257,7 +257,7 @@ retention).`,
   moat network audit api --json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
-			_, dir, rec, err := sandboxNamed(args[0])
+			_, dir, rec, err := anySandboxNamed(args[0]) // a claim on Kubernetes too (kube.go)
 			if err != nil {
 				return err
 			}

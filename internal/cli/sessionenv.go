@@ -167,15 +167,13 @@ func (e *env) reconfigure(dir string, rec *state.Record) error {
 }
 
 // sandboxNamed is the start of every command that acts on the existing
-// sandbox its first argument names.
+// sandbox its first argument names. A Kubernetes sandbox is refused
+// here, naming what applies to it: the commands that serve one look it
+// up with anySandboxNamed (kube.go).
 func sandboxNamed(name string) (*env, string, *state.Record, error) {
-	e, err := newEnv()
-	if err != nil {
-		return nil, "", nil, err
+	e, dir, rec, err := anySandboxNamed(name)
+	if err == nil && rec.Runtime == runtimeKube {
+		return nil, "", nil, kubeNotHere(rec)
 	}
-	dir, rec, err := e.byName(name)
-	if err != nil {
-		return nil, "", nil, err
-	}
-	return e, dir, rec, nil
+	return e, dir, rec, err
 }

@@ -64,6 +64,12 @@ sandbox's state directory; the identity is the sandbox's own client key.`,
 				recs = all
 			}
 			for _, r := range recs {
+				if r.Runtime == runtimeKube { // no ssh into a claim's pod (kube.go)
+					if len(args) == 1 {
+						return kubeNotHere(r)
+					}
+					continue
+				}
 				if err := e.sshConfig(c.OutOrStdout(), r); err != nil {
 					return err
 				}
