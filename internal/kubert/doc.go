@@ -13,8 +13,9 @@
 // moat-kube (cmd/moat-kube), which moat runs from its own directory.
 //
 // The record, kube.json in the sandbox's state directory (fields frozen;
-// only added): schema 1, context (the kubeconfig context, "" for the
-// current one), namespace, template, pool (the SandboxWarmPool the claim
+// only added): schema 1, context (the kubeconfig context, as resolved
+// when the claim was made: the current one then, if none was named),
+// namespace, template, pool (the SandboxWarmPool the claim
 // names), gate_namespace, claim, claim_uid, sandbox, pod, node (the last
 // three as they were when the claim was bound; exec and audit look them
 // up again by claim_uid).

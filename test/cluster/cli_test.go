@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	sandboxv1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
@@ -262,6 +263,12 @@ func TestCLIRun(t *testing.T) {
 	cl, err := e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).Get(ctx, kr.Claim, metav1.GetOptions{})
 	if err != nil || string(cl.UID) != kr.ClaimUID || cl.Spec.WarmPoolRef.Name != "cli" {
 		t.Fatalf("the recorded claim %+v: %v %+v", kr, err, cl)
+	}
+	// No --context: the current one is recorded as it was, so that a
+	// later change of the kubeconfig's current context cannot send this
+	// sandbox's commands to another cluster.
+	if kc, err := clientcmd.LoadFromFile(c.kubeconfig); err != nil || kc.CurrentContext == "" || kr.Context != kc.CurrentContext {
+		t.Errorf("recorded context %q; want the kubeconfig's current one (%v)", kr.Context, err)
 	}
 	t.Cleanup(func() {
 		e.ext.ExtensionsV1beta1().SandboxClaims(e.sbNS).Delete(context.Background(), kr.Claim, metav1.DeleteOptions{})

@@ -97,6 +97,7 @@ type clients struct {
 	cs        kubernetes.Interface
 	ext       extclient.Interface
 	namespace string // the context's namespace, else "default"
+	context   string // the context used: the one asked for, else the current one
 }
 
 // connect loads the kubeconfig as kubectl does (KUBECONFIG, else
@@ -129,7 +130,10 @@ func connect(ctxName string) (*clients, error) {
 	if err != nil || ns == "" {
 		ns = "default"
 	}
-	c := &clients{rc: rc, namespace: ns}
+	c := &clients{rc: rc, namespace: ns, context: ctxName}
+	if c.context == "" {
+		c.context = raw.CurrentContext
+	}
 	if c.cs, err = kubernetes.NewForConfig(rc); err != nil {
 		return nil, kubert.Errorf(kubert.ErrUnreachable, "%v", err)
 	}
@@ -193,7 +197,9 @@ func claim(ctx context.Context, req kubert.ClaimRequest) (*kubert.Record, error)
 	if err != nil {
 		return nil, apiErr(err, fmt.Sprintf("creating a SandboxClaim of warm pool %s in namespace %s", pool, ns))
 	}
-	rec := &kubert.Record{Schema: kubert.Schema, Context: req.Context, Namespace: ns, Template: req.Template, Pool: pool,
+	// The context as resolved now: a later kubectl config use-context
+	// must not send this sandbox's exec to another cluster.
+	rec := &kubert.Record{Schema: kubert.Schema, Context: c.context, Namespace: ns, Template: req.Template, Pool: pool,
 		GateNamespace: gateNS, Claim: cl.Name, ClaimUID: string(cl.UID)}
 	wait := req.Wait
 	if wait <= 0 {
