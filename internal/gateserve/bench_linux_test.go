@@ -177,6 +177,16 @@ func TestBenchService(t *testing.T) {
 		med(d.cpuMsPerGiB), med(s.cpuMsPerGiB), med(fl.cpuMsPerGiB), med(s.cpuMsPerGiB)-med(d.cpuMsPerGiB), med(fl.cpuMsPerGiB)-med(d.cpuMsPerGiB))
 	t.Logf("download CPU of the client, ms per GiB: direct %.0f, service %.0f, floor %.0f",
 		med(d.clientMsPerGiB), med(s.clientMsPerGiB), med(fl.clientMsPerGiB))
+	// The client, the upstream and the relay share this host's CPUs: a
+	// path that costs c CPU-seconds per GiB, all parties together, moves at
+	// most NumCPU/c GiB/s however well its stages overlap, so when the
+	// CPUs are the limit two paths' rates stand in the inverse ratio of
+	// their costs. Process CPU leaves out the kernel's softirq work for the
+	// packets: the caps are generous.
+	all := func(g *figures) float64 { return med(g.cpuMsPerGiB) + med(g.clientMsPerGiB) }
+	capMiBps := func(g *figures) float64 { return float64(runtime.NumCPU()) * 1000 / all(g) * 1024 }
+	t.Logf("download CPU of all parties, ms per GiB: direct %.0f, service %.0f, floor %.0f; on %d CPUs at most %.0f, %.0f and %.0f MiB/s: CPU-bound, service/direct %.2fx, floor/direct %.2fx, service/floor %.2fx",
+		all(d), all(s), all(fl), runtime.NumCPU(), capMiBps(d), capMiBps(s), capMiBps(fl), all(d)/all(s), all(d)/all(fl), all(fl)/all(s))
 	if downloadOnly {
 		return
 	}
