@@ -38,6 +38,7 @@ pod_cidr=10.244.0.0/16      # docs/kubernetes.md: the gate's tenant covers it
 node_pod_cidr=10.244.0.0/24
 service_cidr=10.96.0.0/12   # holds the gate's fixed clusterIP 10.96.0.53
 service_ip=10.96.0.1
+gate_ip=10.96.0.53          # deploy/kubernetes/gate-service.yaml; moat-cni fences to it
 bridge=moat-cni0
 etcd_url=http://127.0.0.1:12379 # not 2379: a developer's own etcd may have it
 cni_version=v1.10.0
@@ -274,8 +275,32 @@ network_up() {
 	iptables -C FORWARD -j MOAT-CLUSTER 2>/dev/null || iptables -I FORWARD 1 -j MOAT-CLUSTER
 }
 
+# install_moat_cni builds moat's CNI plugin (cmd/moat-cni, of this
+# repository, not of the cached build) into the CNI bin directory of this
+# build and of the containerd that runs, which may be an older build's:
+# the conflist below names it, and a pod whose plugin is missing never
+# starts. Renamed into place: containerd may be running the old one.
+install_moat_cni() {
+	local d dirs=("$bin/cni") exe
+	if exe=$(cat "$run/containerd.exe" 2>/dev/null) && [ "$(dirname "$exe")/cni" != "$bin/cni" ]; then
+		dirs+=("$(dirname "$exe")/cni")
+	fi
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$cache/moat-cni.new" ./cmd/moat-cni
+	for d in "${dirs[@]}"; do
+		[ -d "$d" ] || continue
+		cp "$cache/moat-cni.new" "$d/moat-cni.new"
+		mv -f "$d/moat-cni.new" "$d/moat-cni"
+	done
+	rm -f "$cache/moat-cni.new"
+}
+
 write_configs() {
 	mkdir -p "$state/cni/net.d" "$state/containerd" "$state/kubelet" "$logs/pods"
+	install_moat_cni
+	# moat-cni last (docs/kubernetes.md, "Egress enforced outside the
+	# sandbox"): pods of namespace agents (deploy/kubernetes/examples) and
+	# pods annotated moat.dev/egress: gate reach the gate's fixed
+	# clusterIP and nothing else; every other pod passes untouched.
 	cat >"$state/cni/net.d/10-moat.conflist" <<EOF
 {
   "cniVersion": "1.0.0",
@@ -284,7 +309,11 @@ write_configs() {
     {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false, "hairpinMode": true,
      "ipam": {"type": "host-local", "ranges": [[{"subnet": "$node_pod_cidr"}]],
               "routes": [{"dst": "0.0.0.0/0"}], "dataDir": "$state/cni/ipam"}},
-    {"type": "portmap", "capabilities": {"portMappings": true}}
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "moat-cni",
+     "gate": {"addresses": ["$gate_ip"], "ports": ["53/udp", "53/tcp", "80/tcp", "443/tcp"]},
+     "namespaces": ["agents"],
+     "capabilities": {"io.kubernetes.cri.pod-annotations": true}}
   ]
 }
 EOF

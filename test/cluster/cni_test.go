@@ -158,7 +158,16 @@ func (c *cniCluster) writeConflist(t *testing.T, gateIP, gatedNS string) {
 	// The same name as the cluster's list: host-local keeps its leases
 	// per network name, and two names on one subnet would hand out one
 	// address twice.
-	plugins, _ := list["plugins"].([]any)
+	// Without the cluster's own moat-cni (scripts/cluster.sh chains one
+	// for namespace agents): one moat-cni a pod, the test's.
+	var plugins []any
+	all, _ := list["plugins"].([]any)
+	for _, p := range all {
+		if m, ok := p.(map[string]any); ok && m["type"] == "moat-cni" {
+			continue
+		}
+		plugins = append(plugins, p)
+	}
 	list["plugins"] = append(plugins, map[string]any{
 		"type":         "moat-cni",
 		"gate":         map[string]any{"addresses": []string{gateIP}, "ports": []string{"53/udp", "53/tcp", "80/tcp", "443/tcp"}},
