@@ -296,6 +296,12 @@ func (e *env) kubeDestroy(dir string, rec *state.Record) error {
 	if err := e.removeAll(dir); err != nil {
 		return fmt.Errorf("removing %s: %w", dir, err)
 	}
+	if kr.Claim == "" {
+		// Its claim was never recorded (a create cut short): nothing on
+		// the cluster is moat's to release.
+		fmt.Fprintf(os.Stderr, "moat: destroyed %s (it had no claim recorded)\n", rec.Name)
+		return nil
+	}
 	fmt.Fprintf(os.Stderr, "moat: destroyed %s (released SandboxClaim %s in namespace %s)\n", rec.Name, kr.Claim, kr.Namespace)
 	return nil
 }

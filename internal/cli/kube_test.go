@@ -126,3 +126,23 @@ func TestKubeNoDaemon(t *testing.T) {
 		t.Errorf("moat list: %q; want the claim, its template and runtime", r.out)
 	}
 }
+
+// A Kubernetes sandbox whose claim was never recorded (a create cut
+// short) is destroyed here without asking any cluster.
+func TestKubeDestroyWithoutClaim(t *testing.T) {
+	isolate(t)
+	e, err := newEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := e.dirs.Sandbox("half")
+	if err := state.Create(dir, &state.Record{Name: "half", Runtime: runtimeKube, State: kubeClaimed, Created: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	if r := moat("destroy", "half", "--yes"); r.code != ExitOK {
+		t.Fatalf("moat destroy half: exit %d %q", r.code, r.errOut)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("after destroy, %s: %v; want it gone", dir, err)
+	}
+}
