@@ -1,0 +1,87 @@
+package gateserve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"moat.dev/moat/internal/audit"
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
+}
+
+// The audit container's stdout: the file's records from its start, then
+// each new one, one JSON record a line, until stopped.
+func TestFollowAudit(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "kubernetes.jsonl")
+	rec := func(name string) string {
+		b, _ := json.Marshal(audit.Record{Time: time.Now().UTC(), Verdict: audit.Deny, Proto: "tcp", Name: name, Claim: "c", ClaimUID: "u"})
+		return string(b) + "\n"
+	}
+	if err := os.WriteFile(path, []byte(rec("one.example")+"not a record\n"+rec("two.example")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out lockedBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- FollowAudit(ctx, path, &out) }()
+	wait := func(n int) []string {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			if l := out.lines(); len(l) >= n && l[0] != "" {
+				return l
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("after 10 s, FollowAudit wrote %q; want %d records", out.lines(), n)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wait(2)
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteString(rec("three.example"))
+	f.Close()
+	lines := wait(3)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("FollowAudit: %v", err)
+	}
+	var names []string
+	for _, l := range lines {
+		var r audit.Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatalf("line %q is not a record: %v", l, err)
+		}
+		if r.ClaimUID != "u" {
+			t.Errorf("record %q lost its claim_uid", l)
+		}
+		names = append(names, r.Name)
+	}
+	if strings.Join(names, " ") != "one.example two.example three.example" {
+		t.Errorf("FollowAudit wrote %v; want the three records in order, the damaged line skipped", names)
+	}
+}
