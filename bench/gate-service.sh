@@ -19,10 +19,15 @@
 #   R=3 (rounds)  SIZE_MIB=256 (download)  CONNECTS=1000 (sequential, for p50)
 #   PARALLEL=1000  REQS=2000 (small requests)  CONC=8 (their connections)
 #   DOWNLOAD_ONLY=1 (the download figures alone)
-#   PROFILE=/abs/dir (a CPU profile of each download, PATH-ROUND.pprof; the
+#   PROFILE=dir (created if need be: a CPU profile of each download, PATH-ROUND.pprof; the
 #   service's goroutines carry the label moat=service, the relay's
 #   moat=floor: go tool pprof -tagfocus moat=service DIR/service-*.pprof)
 set -euo pipefail
+if [ -n "${PROFILE:-}" ]; then
+	mkdir -p "$PROFILE"
+	PROFILE=$(cd "$PROFILE" && pwd) # go test runs in the package's directory
+	export PROFILE
+fi
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH MOAT_BENCH_GATESERVICE=1
 export R=${R:-3} SIZE_MIB=${SIZE_MIB:-256} CONNECTS=${CONNECTS:-1000} PARALLEL=${PARALLEL:-1000} REQS=${REQS:-2000} CONC=${CONC:-8}

@@ -46,6 +46,9 @@ func TestBenchService(t *testing.T) {
 	reqs, conc := envInt(t, "REQS", 2000), envInt(t, "CONC", 8)
 	downloadOnly := os.Getenv("DOWNLOAD_ONLY") != ""
 	profileDir := os.Getenv("PROFILE")
+	if fi, err := os.Stat(profileDir); profileDir != "" && (err != nil || !fi.IsDir() || !filepath.IsAbs(profileDir)) {
+		t.Fatalf("PROFILE=%q: want an absolute path to an existing directory for the CPU profiles (bench/gate-service.sh makes a relative one absolute)", profileDir)
+	}
 
 	bin := t.TempDir()
 	for _, p := range []string{"test/e2e/benchprobe", "bench/gsprobe"} {
