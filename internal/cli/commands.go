@@ -152,6 +152,7 @@ Arguments after -- go to the agent. Presets: ` + strings.Join(preset.Names(), ",
 	c.Flags().StringVar(&kf.context, "context", "", "runtime kubernetes: the kubeconfig context (default: its current one)")
 	c.Flags().StringVar(&kf.namespace, "namespace", "", "runtime kubernetes: the namespace of the template and the claim (default: the context's, else default)")
 	c.Flags().StringVar(&kf.template, "template", "", "runtime kubernetes: the SandboxTemplate to claim a sandbox of, from its warm pool")
+	c.Flags().StringVar(&kf.secret, "secret", "", "runtime kubernetes: the Secret (labelled moat.dev/gate-secret=true) whose values the gate swaps in for this claim (default: the template's moat.dev/secret)")
 	c.Flags().StringVar(&kf.gateNamespace, "gate-namespace", "", "runtime kubernetes: the namespace of moat's gate DaemonSet, whose audit moat network audit reads (default: moat-gate)")
 	return c
 }

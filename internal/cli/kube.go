@@ -41,13 +41,14 @@ const kubeWait = 3 * time.Minute
 
 // kubeFlags are run's flags for a new Kubernetes sandbox.
 type kubeFlags struct {
-	context, namespace, template, gateNamespace string
+	context, namespace, template, gateNamespace, secret string
 }
 
 // given names the first flag set, for errors ("" when none is).
 func (f kubeFlags) given() string {
 	for _, v := range []struct{ name, val string }{
 		{"--context", f.context}, {"--namespace", f.namespace}, {"--template", f.template}, {"--gate-namespace", f.gateNamespace},
+		{"--secret", f.secret},
 	} {
 		if v.val != "" {
 			return v.name
@@ -192,6 +193,7 @@ func kubeSame(dir string, rec *state.Record, f kubeFlags) error {
 	for _, v := range []struct{ flag, want, have string }{
 		{"--context", f.context, kr.Context}, {"--namespace", f.namespace, kr.Namespace},
 		{"--template", f.template, kr.Template}, {"--gate-namespace", f.gateNamespace, kr.GateNamespace},
+		{"--secret", f.secret, kr.Secret},
 	} {
 		if v.want != "" && v.want != v.have {
 			return codef(ExitUsage, "%s %s: sandbox %q is a claim with %s %q, kept for its life; for another, give another --name, or destroy it first: moat destroy %s",
@@ -229,7 +231,7 @@ func (e *env) kubeCreate(ws, name string, f kubeFlags) (string, *state.Record, e
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, unix.SIGTERM)
 	defer stop()
 	kr, err := h.Claim(ctx, kubert.ClaimRequest{Name: name, Context: f.context, Namespace: f.namespace, Template: f.template,
-		GateNamespace: f.gateNamespace, Wait: kubeWait})
+		GateNamespace: f.gateNamespace, Secret: f.secret, Wait: kubeWait})
 	if err != nil {
 		os.RemoveAll(dir)
 		return "", nil, withCode(ExitRun, fromKube(fmt.Errorf("claiming a sandbox of template %s: %w", f.template, err)))

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/kubert"
 )
 
 type lockedBuffer struct {
@@ -83,5 +84,13 @@ func TestFollowAudit(t *testing.T) {
 	}
 	if strings.Join(names, " ") != "one.example two.example three.example" {
 		t.Errorf("FollowAudit wrote %v; want the three records in order, the damaged line skipped", names)
+	}
+}
+
+// moat-kube writes the claim's Secret under the name the gate reads; the
+// two packages cannot share the constant (moat would link the gate).
+func TestSecretAnnotationAgrees(t *testing.T) {
+	if kubert.AnnotationSecret != AnnotationSecret {
+		t.Errorf("kubert.AnnotationSecret = %q, the gate reads %q", kubert.AnnotationSecret, AnnotationSecret)
 	}
 }

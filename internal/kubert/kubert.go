@@ -48,7 +48,15 @@ type Record struct {
 	Sandbox       string `json:"sandbox,omitempty"`
 	Pod           string `json:"pod,omitempty"`
 	Node          string `json:"node,omitempty"`
+	// Secret is the Secret the claim binds (AnnotationSecret); "": the
+	// template's.
+	Secret string `json:"secret,omitempty"`
 }
+
+// AnnotationSecret on a claim names the Secret whose values the gate
+// swaps in for its sandbox (gateserve.AnnotationSecret, which a test
+// holds equal; not imported, which would link the gate into moat).
+const AnnotationSecret = "moat.dev/secret"
 
 // ClaimRequest is `moat-kube claim`'s input: take a sandbox of Template
 // for the moat sandbox Name, waiting at most Wait.
@@ -60,6 +68,7 @@ type ClaimRequest struct {
 	Template      string        `json:"template"`
 	GateNamespace string        `json:"gate_namespace,omitempty"`
 	Wait          time.Duration `json:"wait_ns"`
+	Secret        string        `json:"secret,omitempty"` // "": the template's
 }
 
 // ExecResult is what `moat-kube exec` writes on fd 3: the command's exit

@@ -461,3 +461,50 @@ func TestCLIInterruptedClaim(t *testing.T) {
 		t.Errorf("the interrupted run left a sandbox record")
 	}
 }
+
+// --secret binds a Secret to the claim (the gate's moat.dev/secret on
+// it): a claim of template alpha, which binds none, gets alpha's value
+// swapped in with it, and without it its requests to the secret's host
+// are refused (the value is pending).
+func TestCLISecretFlag(t *testing.T) {
+	e := kinds(t)
+	ctx := context.Background()
+	c := newCLI(t)
+	for _, tc := range []struct {
+		name   string
+		secret []string
+		want   string
+	}{
+		{"with-secret", []string{"--secret", "alpha-token"}, "status=200"},
+		{"without", nil, "status=403"},
+	} {
+		if err := e.waitPool(ctx, "alpha"); err != nil {
+			t.Fatal(err)
+		}
+		args := append([]string{"run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", "alpha", "--gate-namespace", e.gateNS,
+			"--name", tc.name}, tc.secret...)
+		r := c.run(t, "", append(args, "--", "/client", "get", "https://alpha.moat.test/"+tc.name)...)
+		t.Logf("%s: exit %d %s", tc.name, r.code, strings.TrimSpace(r.stdout))
+		if !strings.Contains(r.stdout, tc.want) {
+			t.Errorf("%s: %q %q; want %s", tc.name, r.stdout, r.stderr, tc.want)
+		}
+		if tc.secret != nil {
+			if kr := c.kubeRecord(t, tc.name); kr.Secret != "alpha-token" {
+				t.Errorf("recorded secret %q, want alpha-token", kr.Secret)
+			}
+			if r := c.run(t, "", "run", "--name", tc.name, "--secret", "other", "--", "/client", "say", "x", "", "0"); r.code != 2 || !strings.Contains(r.stderr, "--secret other") {
+				t.Errorf("another --secret for the claim: exit %d %q; want 2 naming it", r.code, r.stderr)
+			}
+		}
+		got := false
+		for _, s := range e.up.seenBy("alpha.moat.test") {
+			got = got || (s.path == "/"+tc.name && s.auth == "Bearer "+e.token)
+		}
+		if got != (tc.secret != nil) {
+			t.Errorf("%s: the upstream got the real value: %v", tc.name, got)
+		}
+		if r := c.run(t, "", "destroy", tc.name, "--yes"); r.code != 0 {
+			t.Errorf("moat destroy %s: %q", tc.name, r.stderr)
+		}
+	}
+}

@@ -190,8 +190,12 @@ func claim(ctx context.Context, req kubert.ClaimRequest) (*kubert.Record, error)
 	if err != nil {
 		return nil, err
 	}
+	var ann map[string]string
+	if req.Secret != "" {
+		ann = map[string]string{kubert.AnnotationSecret: req.Secret}
+	}
 	cl, err := c.ext.ExtensionsV1beta1().SandboxClaims(ns).Create(ctx, &extv1.SandboxClaim{
-		ObjectMeta: metav1.ObjectMeta{GenerateName: "moat-" + req.Name + "-", Labels: map[string]string{"moat.dev/sandbox": req.Name}},
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "moat-" + req.Name + "-", Labels: map[string]string{"moat.dev/sandbox": req.Name}, Annotations: ann},
 		Spec:       extv1.SandboxClaimSpec{WarmPoolRef: extv1.SandboxWarmPoolRef{Name: pool}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -200,7 +204,7 @@ func claim(ctx context.Context, req kubert.ClaimRequest) (*kubert.Record, error)
 	// The context as resolved now: a later kubectl config use-context
 	// must not send this sandbox's exec to another cluster.
 	rec := &kubert.Record{Schema: kubert.Schema, Context: c.context, Namespace: ns, Template: req.Template, Pool: pool,
-		GateNamespace: gateNS, Claim: cl.Name, ClaimUID: string(cl.UID)}
+		GateNamespace: gateNS, Claim: cl.Name, ClaimUID: string(cl.UID), Secret: req.Secret}
 	wait := req.Wait
 	if wait <= 0 {
 		wait = 2 * time.Minute
