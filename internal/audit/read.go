@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -33,50 +34,79 @@ const maxLineBytes = 1 << 20
 // be seen twice or missed. It returns an error wrapping fs.ErrNotExist
 // when there is no audit file at all.
 func Read(path string, fn func(Record) bool) error {
-	var its [2]*fileIter
-	for i, p := range []string{path, NoisePath(path)} {
-		files, err := rotatedFiles(p)
-		if err != nil {
+	return ReadLogs([]string{path}, fn)
+}
+
+// ReadLogs is Read over several audit logs at once, each of them written
+// by one writer: a Docker sandbox's gate container writes one and its port
+// forwarder another, and a person wants one story. Every series of every
+// log keeps its own order (records within one are nearly in time order,
+// and an "end" record carries its connection's start), and the series are
+// interleaved by time; a tie goes to the earlier log, then to the kept
+// series. A log with no file at all (not even its directory) is no error
+// unless none of them has one: then the error wraps fs.ErrNotExist.
+func ReadLogs(paths []string, fn func(Record) bool) error {
+	var its []*fileIter
+	for _, path := range paths {
+		for _, p := range []string{path, NoisePath(path)} {
+			files, err := rotatedFiles(p)
+			if errors.Is(err, fs.ErrNotExist) {
+				// No directory: a log never written (a forwarder
+				// that never carried a connection).
+				its = append(its, &fileIter{})
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			its = append(its, &fileIter{names: append(files, p)})
+		}
+	}
+	// fn may stop the merge, and an error may end it, with a file open.
+	defer func() {
+		for _, it := range its {
+			it.close()
+		}
+	}()
+	heads := make([]Record, len(its))
+	live := make([]bool, len(its))
+	for i, it := range its {
+		var err error
+		if heads[i], live[i], err = it.next(); err != nil {
 			return err
 		}
-		its[i] = &fileIter{names: append(files, p)}
 	}
-	kept, noise := its[0], its[1]
-	// fn may stop the merge, and an error may end it, with a file open.
-	defer kept.close()
-	defer noise.close()
-	rk, okK, err := kept.next()
-	if err != nil {
-		return err
-	}
-	rn, okN, err := noise.next()
-	if err != nil {
-		return err
-	}
-	for okK || okN {
-		// Records within a series are nearly in time order; the merge
-		// keeps each series' order and interleaves the two by time.
-		it, r := kept, rk
-		if !okK || okN && rn.Time.Before(rk.Time) {
-			it, r = noise, rn
+	for {
+		i := earliest(heads, live)
+		if i < 0 {
+			break
 		}
-		if !fn(r) {
+		if !fn(heads[i]) {
 			return nil
 		}
-		var ok bool
-		if r, ok, err = it.next(); err != nil {
+		var err error
+		if heads[i], live[i], err = its[i].next(); err != nil {
 			return err
 		}
-		if it == kept {
-			rk, okK = r, ok
-		} else {
-			rn, okN = r, ok
+	}
+	for _, it := range its {
+		if it.found {
+			return nil
 		}
 	}
-	if !kept.found && !noise.found {
-		return fmt.Errorf("reading audit log: %w", &fs.PathError{Op: "open", Path: path, Err: fs.ErrNotExist})
+	return fmt.Errorf("reading audit log: %w", &fs.PathError{Op: "open", Path: paths[0], Err: fs.ErrNotExist})
+}
+
+// earliest is the index of the earliest of heads that is live, the lowest
+// index on a tie, or -1 when none is.
+func earliest(heads []Record, live []bool) int {
+	best := -1
+	for i := range heads {
+		if live[i] && (best < 0 || heads[i].Time.Before(heads[best].Time)) {
+			best = i
+		}
 	}
-	return nil
+	return best
 }
 
 // fileIter reads the records of a list of files in turn.
@@ -199,23 +229,52 @@ func parseLine(line []byte) (Record, bool) {
 
 // Follow calls fn for every record in path and NoisePath(path), from the
 // start of the files, and then for each record appended to them, until ctx
-// is done; it then returns nil. The two series are interleaved as they are
-// polled, not by time. It follows the log across rotations: when path is replaced it
-// finishes the old file and continues with the new one from its start. It
-// waits for path to appear if it does not exist yet. Records already rotated
-// away when Follow starts are not delivered; use Read for history.
+// is done; it then returns nil. What one poll finds in the two series is
+// merged by time, as Read merges them; records found by different polls
+// are delivered in the order they were found. It follows the log across
+// rotations: when path is replaced it finishes the old file and continues
+// with the new one from its start. It waits for path to appear if it does
+// not exist yet. Records already rotated away when Follow starts are not
+// delivered; use Read for history.
 func Follow(ctx context.Context, path string, fn func(Record)) error {
-	kept, noise := tail{fn: fn}, tail{fn: fn}
-	defer kept.close()
-	defer noise.close()
+	return FollowLogs(ctx, []string{path}, fn)
+}
+
+// FollowLogs is Follow over several audit logs at once (ReadLogs's). One
+// loop polls them all, so the first poll delivers what their files hold
+// merged by time, and each later one what was appended since, merged the
+// same way. Each file is read a chunk at a time as the merge needs it, so
+// a long log costs no more memory than a short one. A log whose file
+// never appears is waited for, never an error.
+func FollowLogs(ctx context.Context, paths []string, fn func(Record)) error {
+	var tails []*tail
+	for _, path := range paths {
+		tails = append(tails, &tail{path: path}, &tail{path: NoisePath(path)})
+	}
+	defer func() {
+		for _, t := range tails {
+			t.close()
+		}
+	}()
 	tick := time.NewTicker(followPoll)
 	defer tick.Stop()
+	heads := make([]Record, len(tails))
+	live := make([]bool, len(tails))
 	for {
-		if err := kept.poll(path); err != nil {
-			return err
+		for i, t := range tails {
+			var err error
+			if heads[i], live[i], err = t.next(); err != nil {
+				return err
+			}
 		}
-		if err := noise.poll(NoisePath(path)); err != nil {
-			return err
+		// A tail with nothing new sits this poll out: the merge is over
+		// what has arrived, and what arrives later comes after it.
+		for i := earliest(heads, live); i >= 0; i = earliest(heads, live) {
+			fn(heads[i])
+			var err error
+			if heads[i], live[i], err = tails[i].next(); err != nil {
+				return err
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -225,13 +284,18 @@ func Follow(ctx context.Context, path string, fn func(Record)) error {
 	}
 }
 
-// tail is Follow's state between polls.
+// followChunk is how much of a file a tail reads at a time.
+const followChunk = 64 << 10
+
+// tail is FollowLogs' reader of one series, kept between polls.
 type tail struct {
-	fn      func(Record)
+	path    string
 	f       *os.File
-	off     int64  // bytes of f consumed
-	pending []byte // the start of a line whose "\n" has not arrived
-	skip    bool   // discarding an overlong line up to its "\n"
+	off     int64  // bytes of f read
+	buf     []byte // bytes read, not yet delivered: buf[start:]
+	start   int
+	skip    bool // discarding an overlong line up to its "\n"
+	rotated bool // path is another file now: f ends at its next EOF
 }
 
 func (t *tail) close() {
@@ -241,93 +305,94 @@ func (t *tail) close() {
 	}
 }
 
-// poll delivers what has been appended since the last poll and moves to a
-// new file if path was rotated.
-func (t *tail) poll(path string) error {
-	for range 2 { // at most: finish the old file, then start the new one
+// next returns the next whole record appended to the series, false when
+// none has arrived yet.
+func (t *tail) next() (Record, bool, error) {
+	for {
+		rest := t.buf[t.start:]
+		if i := bytes.IndexByte(rest, '\n'); i >= 0 {
+			t.start += i + 1
+			if t.skip {
+				t.skip = false
+				continue
+			}
+			if r, ok := parseLine(rest[:i]); ok {
+				return r, true, nil
+			}
+			continue
+		}
+		if len(rest) > maxLineBytes {
+			// Records are a few hundred bytes: this is damage,
+			// skipped rather than held.
+			t.start, t.skip = len(t.buf), true
+		}
+		more, err := t.read()
+		if err != nil || !more {
+			return Record{}, false, err
+		}
+	}
+}
+
+// read appends to buf what the file has beyond what was read, moving to a
+// new file when path was rotated, and says whether it read anything.
+func (t *tail) read() (bool, error) {
+	// At most: see the rotation, finish the old file, start the new one.
+	for range 3 {
 		if t.f == nil {
-			f, err := os.Open(path)
+			f, err := os.Open(t.path)
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil // not created yet, or between rename and create
+				return false, nil // not created yet, or between rename and create
 			}
 			if err != nil {
-				return fmt.Errorf("following audit log: %w", err)
+				return false, fmt.Errorf("following audit log: %w", err)
 			}
-			t.f, t.off, t.pending, t.skip = f, 0, t.pending[:0], false
+			// A line the old file left unfinished never gets its end.
+			t.f, t.off, t.buf, t.start, t.skip, t.rotated = f, 0, t.buf[:0], 0, false, false
 		}
-		if err := t.drain(); err != nil {
-			return err
+		t.buf = t.buf[:copy(t.buf, t.buf[t.start:])]
+		t.start = 0
+		if cap(t.buf)-len(t.buf) < followChunk {
+			t.buf = slices.Grow(t.buf, followChunk)
 		}
-		cur, err := os.Stat(path)
+		n, err := t.f.Read(t.buf[len(t.buf):cap(t.buf)])
+		t.buf, t.off = t.buf[:len(t.buf)+n], t.off+int64(n)
+		if n > 0 {
+			return true, nil
+		}
+		if err != nil && err != io.EOF {
+			return false, fmt.Errorf("following audit log: %w", err)
+		}
+		if t.rotated {
+			// The writer flushed the old file before renaming it and
+			// writes only to the new one after: it is finished.
+			t.close()
+			continue
+		}
+		cur, err := os.Stat(t.path)
 		if err != nil {
 			// Renamed away and the new file not there yet: stay on the old
 			// one, which may still be written if rotation failed half way.
-			return nil
+			return false, nil
 		}
 		held, err := t.f.Stat()
 		if err != nil {
-			return fmt.Errorf("following audit log: %w", err)
+			return false, fmt.Errorf("following audit log: %w", err)
 		}
-		if os.SameFile(cur, held) {
-			if cur.Size() < t.off {
-				// Truncated in place (not moat's way, but a person's):
-				// start again from the top.
-				if _, err := t.f.Seek(0, io.SeekStart); err != nil {
-					return fmt.Errorf("following audit log: %w", err)
-				}
-				t.off, t.pending, t.skip = 0, t.pending[:0], false
+		if !os.SameFile(cur, held) {
+			// Rotated: what was written to the old file before the
+			// rename is read first.
+			t.rotated = true
+			continue
+		}
+		if cur.Size() < t.off {
+			// Truncated in place (not moat's way, but a person's): start
+			// again from the top.
+			if _, err := t.f.Seek(0, io.SeekStart); err != nil {
+				return false, fmt.Errorf("following audit log: %w", err)
 			}
-			return nil
+			t.off, t.buf, t.start, t.skip = 0, t.buf[:0], 0, false
 		}
-		// Rotated. The writer flushed the old file before renaming it and
-		// writes only to the new one after, so one more drain finishes it.
-		if err := t.drain(); err != nil {
-			return err
-		}
-		t.close()
+		return false, nil
 	}
-	return nil
-}
-
-// drain reads everything available from t.f and delivers complete lines.
-func (t *tail) drain() error {
-	buf := make([]byte, 64<<10)
-	for {
-		n, err := t.f.Read(buf)
-		t.off += int64(n)
-		t.consume(buf[:n])
-		if err == io.EOF || n == 0 {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("following audit log: %w", err)
-		}
-	}
-}
-
-func (t *tail) consume(b []byte) {
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		if i < 0 {
-			if !t.skip {
-				t.pending = append(t.pending, b...)
-				if len(t.pending) > maxLineBytes {
-					t.pending, t.skip = t.pending[:0], true
-				}
-			}
-			return
-		}
-		line := b[:i]
-		if len(t.pending) > 0 {
-			line = append(t.pending, line...)
-			t.pending = t.pending[:0]
-		}
-		if !t.skip {
-			if r, ok := parseLine(line); ok {
-				t.fn(r)
-			}
-		}
-		t.skip = false
-		b = b[i+1:]
-	}
+	return false, nil
 }
