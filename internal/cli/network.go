@@ -233,8 +233,9 @@ func (e *env) denials(dir string, rec *state.Record) (*control.Denials, error) {
 	if d, ok := ask(sandboxAt(dir), 5*time.Second, (*control.Client).Denials); ok {
 		return d, nil
 	}
-	err := audit.Read(auditPath(dir, rec), add)
-	if err != nil && !os.IsNotExist(err) {
+	err := audit.ReadLogs(auditLogs(dir, rec), add)
+	// Wrapped: os.IsNotExist would not see it (a sandbox never started).
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("reading the audit log: %w", err)
 	}
 	return &control.Denials{Schema: control.Schema, Total: l.Total(), Entries: l.Entries()}, nil
@@ -267,9 +268,9 @@ retention).`,
 				defer stop()
 				return kubeAudit(ctx, dir, follow, print) // the gate's records through the API (kube.go)
 			}
-			path := auditPath(dir, rec)
+			paths := auditLogs(dir, rec) // with a Docker sandbox's forwarder's (dockeraudit.go)
 			if !follow {
-				err := audit.Read(path, func(r audit.Record) bool { print(r); return true })
+				err := audit.ReadLogs(paths, func(r audit.Record) bool { print(r); return true })
 				if errors.Is(err, fs.ErrNotExist) {
 					return nil
 				}
@@ -277,7 +278,7 @@ retention).`,
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 			defer stop()
-			err = audit.Follow(ctx, path, print)
+			err = audit.FollowLogs(ctx, paths, print)
 			if ctx.Err() != nil {
 				return nil
 			}
