@@ -1,6 +1,7 @@
 package docker
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -165,7 +167,7 @@ func TestDockerForwards(t *testing.T) {
 			t.Fatal(err)
 		}
 		path := dockerrt.ForwardAuditPath(filepath.Join(s.home, "state", "sandboxes", s.name))
-		for _, want := range []struct {
+		wants := []struct {
 			what string
 			ok   func(audit.Record) bool
 		}{
@@ -181,7 +183,8 @@ func TestDockerForwards(t *testing.T) {
 				return rec.Verdict == audit.Deny && rec.Dst == fmt.Sprintf("10.88.0.1:%d", closedPort) &&
 					strings.Contains(string(rec.Reason), fmt.Sprintf("gateway port %d is not a reverse forward", closedPort))
 			}},
-		} {
+		}
+		for _, want := range wants {
 			var n int
 			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
 				n = 0
@@ -199,6 +202,92 @@ func TestDockerForwards(t *testing.T) {
 				b, _ := os.ReadFile(path)
 				t.Errorf("no audit record of %s in %s:\n%s", want.what, path, b)
 			}
+		}
+
+		// What a person types: the forwarder's records among the gate
+		// container's, and its refusal among the denials.
+		out, errs, code := s.moatCmd(t, "network", "audit", s.name, "--json")
+		if code != 0 {
+			t.Fatalf("moat network audit --json: exit %d\n%s", code, errs)
+		}
+		var shown []audit.Record
+		for line := range strings.Lines(out) {
+			if strings.TrimSpace(line) == "" {
+				continue
+			}
+			var rec audit.Record
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("moat network audit --json: %v in %q", err, line)
+			}
+			shown = append(shown, rec)
+		}
+		for _, want := range wants {
+			if !slices.ContainsFunc(shown, want.ok) {
+				t.Errorf("moat network audit %s --json shows no record of %s:\n%s", s.name, want.what, out)
+			}
+		}
+		refusedDst := fmt.Sprintf("10.88.0.1:%d", closedPort)
+		if out, errs, code := s.moatCmd(t, "network", "audit", s.name); code != 0 || !strings.Contains(out, refusedDst) {
+			t.Errorf("moat network audit %s: exit %d, stdout:\n%s\nstderr: %s\nwant the refused %s", s.name, code, out, errs, refusedDst)
+		}
+		out, errs, code = s.moatCmd(t, "network", "denials", s.name, "--json")
+		var denials struct {
+			Sandboxes []control.Denials `json:"sandboxes"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &denials) != nil || len(denials.Sandboxes) != 1 ||
+			!slices.ContainsFunc(denials.Sandboxes[0].Entries, func(e audit.Entry) bool { return e.Dest == refusedDst && e.Count > 0 }) {
+			t.Errorf("moat network denials %s --json: exit %d, stdout:\n%s\nstderr: %s\nwant %s denied", s.name, code, out, errs, refusedDst)
+		}
+
+		// -f: the history of both logs, then what the forwarder adds.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		follow := exec.CommandContext(ctx, s.bin, "network", "audit", s.name, "-f", "--json")
+		follow.Dir, follow.Env = s.ws, s.env
+		stdout, err := follow.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := follow.Start(); err != nil {
+			t.Fatal(err)
+		}
+		defer follow.Wait()
+		defer follow.Process.Kill()
+		lines := make(chan audit.Record, 100)
+		go func() {
+			defer close(lines)
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				var rec audit.Record
+				if json.Unmarshal(sc.Bytes(), &rec) == nil {
+					lines <- rec
+				}
+			}
+		}()
+		// A port refused after -f started: a record of the forwarder's
+		// that only following can show.
+		laterPort := freePort(t)
+		laterDst := fmt.Sprintf("10.88.0.1:%d", laterPort)
+		var sawHistory, sawLater, asked bool
+		for !sawLater {
+			select {
+			case rec, ok := <-lines:
+				if !ok {
+					t.Fatalf("moat network audit -f ended (history seen: %v) before showing %s", sawHistory, laterDst)
+				}
+				sawHistory = sawHistory || wants[len(wants)-1].ok(rec) // the refusal, the latest of them
+				sawLater = rec.Dst == laterDst && rec.Verdict == audit.Deny
+			case <-time.After(time.Second):
+				// Once it has shown the history, so that the new
+				// record is one it followed.
+				if sawHistory && !asked {
+					get(fmt.Sprintf("http://%s/", laterDst))
+					asked = true
+				}
+			}
+		}
+		if !sawHistory {
+			t.Errorf("moat network audit -f showed %s before the earlier refusal of %s", laterDst, refusedDst)
 		}
 	})
 
