@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what moat needs on a fresh Debian 12 host and builds moat, the
-# two binaries it runs from its own directory (moat-gate, moat-docker) and
+# binaries it runs from its own directory (moat-sandbox, moat-gate,
+# moat-docker, moat-kube), moat-cni and
 # gVisor's runsc, all static, into ./bin. Safe to run again: every step is
 # skipped when already done, and Go's build cache makes rebuilds quick.
 set -euo pipefail

@@ -2,7 +2,7 @@
 // "docker": moat runs it for each engine operation and reads its result
 // as JSON. It is a binary of its own so that moat does not link the
 // Docker SDK, whose package init every moat process would pay
-// (docs/architecture.md, "Four binaries").
+// (docs/architecture.md, "Moat's binaries").
 package main
 
 import (

@@ -3,7 +3,7 @@
 // `moat-gate serve --config FILE`, which `moat gate serve` runs. It is a
 // binary of its own so that moat does not link the service's Prometheus
 // client, whose package init every moat process would pay
-// (docs/architecture.md, "Four binaries").
+// (docs/architecture.md, "Moat's binaries").
 package main
 
 import (

@@ -4,7 +4,7 @@
 // this file mounted into the guest. It is a binary of its own, without
 // moat's command line, because each of those processes maps the file it
 // runs from, and the command line's code and data are pages that none of
-// them uses (docs/architecture.md, "Four binaries"); for the same reason
+// them uses (docs/architecture.md, "Moat's binaries"); for the same reason
 // it links internal/roles, never internal/cli.
 package main
 

@@ -12,7 +12,7 @@ import (
 // moat process (the CLI, and a sandbox's keeper, gate process and shim,
 // which run moat-sandbox) pays their package init. Each belongs to
 // one front end, which is a binary of its own, its owner
-// (docs/architecture.md, "Four binaries"); the other binaries leave it
+// (docs/architecture.md, "Moat's binaries"); the other binaries leave it
 // out too.
 var heavy = []struct {
 	prefix, why string

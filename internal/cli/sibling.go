@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Binaries installed beside moat (docs/architecture.md, "Four binaries").
+// Binaries installed beside moat (docs/architecture.md, "Moat's binaries").
 // moat-gate and moat-docker hold libraries that no other binary may link,
 // because each process pays the package init of everything its binary
 // links. moat-sandbox holds the roles moat starts for a sandbox (RoleMain)

@@ -8,7 +8,7 @@
 // every one of those processes maps the binary it runs from and runs the
 // package initialisation of everything that binary links: moat's command
 // line (cobra, its terminal UI, its tables) would be code, data and heap
-// that none of them uses (docs/architecture.md, "Four binaries").
+// that none of them uses (docs/architecture.md, "Moat's binaries").
 // cmd/moat's TestRolesSplit fails if moat-sandbox links internal/cli.
 package roles
 
