@@ -1,7 +1,6 @@
 package dockerrt
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,10 +8,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"strings"
-	"syscall"
 	"time"
+
+	"moat.dev/moat/internal/helperproc"
 )
 
 // ErrUnreachable matches an error about reaching the Docker engine.
@@ -62,20 +61,7 @@ var classes = map[int]error{ExitUnreachable: ErrUnreachable, ExitNoRecord: ErrNo
 
 // HelperError is a failed moat-docker command: its message, and the
 // class its exit code names, which errors.Is matches.
-type HelperError struct {
-	Op   string
-	Code int
-	Msg  string
-}
-
-func (e *HelperError) Error() string {
-	if e.Msg != "" {
-		return e.Msg
-	}
-	return fmt.Sprintf("moat-docker %s failed (exit status %d) and said nothing on stderr; its output is above", e.Op, e.Code)
-}
-
-func (e *HelperError) Unwrap() error { return classes[e.Code] }
+type HelperError = helperproc.Error
 
 // Info is `moat-docker info`: the engine's version and whether it has
 // runsc registered.
@@ -105,45 +91,23 @@ const stopGrace = 20 * time.Second
 // run runs `moat-docker op args...` with stdin, and decodes its stdout
 // into out (nil: no result).
 func (h Helper) run(ctx context.Context, stdin []byte, out any, op string, args ...string) error {
-	cmd := exec.CommandContext(ctx, h.Path, append([]string{op}, args...)...)
+	b := helperproc.Binary{Name: "moat-docker", Path: h.Path, Stderr: h.Stderr,
+		Env: helperEnv(os.Environ()), Grace: stopGrace, Classes: classes}
 	// On the caller's deadline moat-docker is asked to stop, which
 	// cancels what it does and removes a half-made start's containers.
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = stopGrace
-	cmd.Env = helperEnv(os.Environ())
+	cmd := b.Command(ctx, op, args...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	errR, errW, err := os.Pipe()
-	if err != nil {
+	var stdout []byte
+	err := b.Run(ctx, cmd, op, func(r io.Reader) (err error) {
+		stdout, err = io.ReadAll(r)
+		return err
+	})
+	if err != nil || out == nil {
 		return err
 	}
-	cmd.Stderr = errW
-	if err := cmd.Start(); err != nil {
-		errR.Close()
-		errW.Close()
-		return fmt.Errorf("running %s: %w", h.Path, err)
-	}
-	errW.Close()
-	msg := h.relay(errR)
-	errR.Close()
-	werr := cmd.Wait()
-	if werr != nil {
-		var ee *exec.ExitError
-		if !errors.As(werr, &ee) {
-			return fmt.Errorf("running %s %s: %w", h.Path, op, werr)
-		}
-		if ctx.Err() != nil && msg == "" {
-			return fmt.Errorf("moat-docker %s: %w", op, ctx.Err())
-		}
-		return &HelperError{Op: op, Code: ee.ExitCode(), Msg: msg}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := json.Unmarshal(stdout.Bytes(), out); err != nil {
+	if err := json.Unmarshal(stdout, out); err != nil {
 		return fmt.Errorf("reading what %s %s answered: %w", h.Path, op, err)
 	}
 	return nil
@@ -163,27 +127,6 @@ func helperEnv(env []string) []string {
 		}
 	}
 	return out
-}
-
-// relay passes moat-docker's stderr on, line by line, and returns its
-// error message: the lines with ErrorPrefix, without it.
-func (h Helper) relay(r io.Reader) string {
-	w := h.Stderr
-	if w == nil {
-		w = io.Discard
-	}
-	var msg []string
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), ErrorPrefix); ok {
-			msg = append(msg, m)
-			continue
-		}
-		fmt.Fprintln(w, sc.Text())
-	}
-	io.Copy(io.Discard, r) // a line past the buffer: the child must not block
-	return strings.Join(msg, "\n")
 }
 
 // Info asks the engine for its version and runtimes.

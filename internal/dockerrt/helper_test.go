@@ -44,7 +44,7 @@ func TestHelperExitCodes(t *testing.T) {
 		{"unreachable", ExitUnreachable, "moat-docker: the Docker engine is not reachable at unix:///x: refused\n", ErrUnreachable, "the Docker engine is not reachable at unix:///x: refused", ""},
 		{"no image", ExitNoImage, "moat-docker: docker has no such image: \"x\"\n", ErrNoImage, "docker has no such image: \"x\"", ""},
 		{"warning then joined error", ExitError, "moat: a warning\nmoat-docker: first\nmoat-docker: second\n", nil, "first\nsecond", "moat: a warning\n"},
-		{"a panic", 2, "panic: boom\n", nil, "moat-docker stop failed (exit status 2) and said nothing on stderr; its output is above", "panic: boom\n"},
+		{"a panic", 2, "panic: boom\n", nil, "moat-docker stop failed (exit status 2) and said nothing on stderr; what it printed is above", "panic: boom\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, _ := fakeHelper(t, "", tc.stderr, tc.code)
@@ -74,7 +74,8 @@ func TestHelperExitCodes(t *testing.T) {
 func TestExitCodeRoundTrip(t *testing.T) {
 	for _, s := range []error{ErrNoRecord, ErrUnreachable, ErrNotLocal, ErrNoImage, errors.New("other")} {
 		err := fmt.Errorf("doing it: %w", s)
-		he := &HelperError{Code: ExitCode(err)}
+		c := ExitCode(err)
+		he := &HelperError{Code: c, Class: classes[c]}
 		want := s
 		if s == ErrNotLocal {
 			want = ErrUnreachable // one class: the engine is not one moat can use

@@ -9,13 +9,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
-	"syscall"
 	"time"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/helperproc"
 	"moat.dev/moat/internal/state"
 )
 
@@ -155,20 +153,7 @@ var classes = map[int]error{ExitUnreachable: ErrUnreachable, ExitNotFound: ErrNo
 
 // HelperError is a failed moat-kube command: its message, and the class
 // its exit code names, which errors.Is matches.
-type HelperError struct {
-	Op   string
-	Code int
-	Msg  string
-}
-
-func (e *HelperError) Error() string {
-	if e.Msg != "" {
-		return e.Msg
-	}
-	return fmt.Sprintf("moat-kube %s failed (exit status %d) and said nothing on stderr", e.Op, e.Code)
-}
-
-func (e *HelperError) Unwrap() error { return classes[e.Code] }
+type HelperError = helperproc.Error
 
 // Helper runs moat-kube, the binary that holds client-go.
 type Helper struct {
@@ -180,89 +165,39 @@ type Helper struct {
 // delete a claim whose wait was cancelled.
 const stopGrace = 10 * time.Second
 
-// command is `moat-kube op args...` with the caller's environment: a
-// kubeconfig's credential plugin (exec:) runs from moat-kube as kubectl
+// bin is moat-kube as helperproc runs it, with the caller's environment:
+// a kubeconfig's credential plugin (exec:) runs from moat-kube as kubectl
 // runs it, with the user's environment, which cloud logins need. The
 // secrets a sandbox's gate swaps in never pass through moat here: they
 // are Kubernetes Secrets the gate reads.
-func (h Helper) command(ctx context.Context, op string, args ...string) *exec.Cmd {
-	cmd := exec.CommandContext(ctx, h.Path, append([]string{op}, args...)...)
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
-	cmd.WaitDelay = stopGrace
-	return cmd
+func (h Helper) bin() helperproc.Binary {
+	return helperproc.Binary{Name: "moat-kube", Path: h.Path, Stderr: h.Stderr, Grace: stopGrace, Classes: classes}
 }
 
 // run runs op with stdin, hands each stdout line to line (nil: none
 // expected) and returns its error.
 func (h Helper) run(ctx context.Context, stdin any, line func([]byte) error, op string, args ...string) error {
-	cmd := h.command(ctx, op, args...)
+	b := h.bin()
+	cmd := b.Command(ctx, op, args...)
 	if stdin != nil {
-		b, err := json.Marshal(stdin)
+		in, err := json.Marshal(stdin)
 		if err != nil {
 			return err
 		}
-		cmd.Stdin = bytes.NewReader(b)
+		cmd.Stdin = bytes.NewReader(in)
 	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return err
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return err
-	}
-	cmd.Stderr = errW
-	if err := cmd.Start(); err != nil {
-		errR.Close()
-		errW.Close()
-		return fmt.Errorf("running %s: %w", h.Path, err)
-	}
-	errW.Close()
-	msgc := make(chan string, 1)
-	go func() { msgc <- h.relay(errR); errR.Close() }()
-	var lerr error
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		if line == nil || lerr != nil {
-			continue
+	return b.Run(ctx, cmd, op, func(out io.Reader) error {
+		var lerr error
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 64<<10), 4<<20)
+		for sc.Scan() {
+			if line == nil || lerr != nil {
+				continue
+			}
+			lerr = line(sc.Bytes())
 		}
-		lerr = line(sc.Bytes())
-	}
-	io.Copy(io.Discard, out)
-	msg := <-msgc
-	werr := cmd.Wait()
-	if werr != nil {
-		var ee *exec.ExitError
-		if !errors.As(werr, &ee) {
-			return fmt.Errorf("running %s %s: %w", h.Path, op, werr)
-		}
-		if ctx.Err() != nil && msg == "" {
-			return fmt.Errorf("moat-kube %s: %w", op, ctx.Err())
-		}
-		return &HelperError{Op: op, Code: ee.ExitCode(), Msg: msg}
-	}
-	return lerr
-}
-
-// relay passes moat-kube's stderr on and returns its error message.
-func (h Helper) relay(r io.Reader) string {
-	w := h.Stderr
-	if w == nil {
-		w = io.Discard
-	}
-	var msg []string
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		if m, ok := strings.CutPrefix(sc.Text(), ErrorPrefix); ok {
-			msg = append(msg, m)
-			continue
-		}
-		fmt.Fprintln(w, sc.Text())
-	}
-	io.Copy(io.Discard, r)
-	return strings.Join(msg, "\n")
+		return lerr
+	})
 }
 
 // Claim takes a sandbox from the template's warm pool and returns its
@@ -358,7 +293,8 @@ func (h Helper) Exec(ctx context.Context, a ExecArgs, stdin io.Reader, stdout, s
 	if err != nil {
 		return 0, err
 	}
-	cmd := h.command(ctx, "exec", args...)
+	b := h.bin()
+	cmd := b.Command(ctx, "exec", args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	resR, resW, err := os.Pipe()
 	if err != nil {
@@ -371,16 +307,16 @@ func (h Helper) Exec(ctx context.Context, a ExecArgs, stdin io.Reader, stdout, s
 		return 0, fmt.Errorf("running %s: %w", h.Path, err)
 	}
 	resW.Close()
-	b, rerr := io.ReadAll(io.LimitReader(resR, 1<<20))
+	out, rerr := io.ReadAll(io.LimitReader(resR, 1<<20))
 	resR.Close()
 	werr := cmd.Wait()
 	var res ExecResult
-	if rerr != nil || len(bytes.TrimSpace(b)) == 0 || json.Unmarshal(b, &res) != nil {
+	if rerr != nil || len(bytes.TrimSpace(out)) == 0 || json.Unmarshal(out, &res) != nil {
 		// No result: moat-kube died (a signal, a panic) before it knew.
 		return 0, fmt.Errorf("moat-kube exec ended without a result (%v)", werr)
 	}
 	if res.Error != "" {
-		return 0, &HelperError{Op: "exec", Code: res.Code, Msg: res.Error}
+		return 0, b.Err("exec", res.Code, res.Error)
 	}
 	return res.ExitCode, nil
 }

@@ -54,7 +54,8 @@ func TestClasses(t *testing.T) {
 		if err.Error() != "what 1" {
 			t.Errorf("Errorf text %q, want the message alone", err.Error())
 		}
-		he := &HelperError{Op: "claim", Code: ExitCode(err), Msg: err.Error()}
+		c := ExitCode(err)
+		he := &HelperError{Op: "claim", Code: c, Msg: err.Error(), Class: classes[c]}
 		if !errors.Is(he, class) {
 			t.Errorf("%v: exit %d does not come back as itself", class, he.Code)
 		}
