@@ -82,8 +82,16 @@ func TestDockerForwardAudit(t *testing.T) {
 	if strings.Contains(r.out, "18080") {
 		t.Errorf("moat network denials dk counts the carried forward:\n%s", r.out)
 	}
+	// suggest reads both logs too: the refused port's fix is the forward,
+	// beside the gate's entry.
+	r = moat("network", "suggest", "dk")
+	for _, want := range []string{"first-by-the-gate.test", "10.88.0.1:6000", "moat forward add --reverse"} {
+		if r.code != ExitOK || !strings.Contains(r.out, want) {
+			t.Errorf("moat network suggest dk: exit %d, stdout %q, stderr %q; want %q", r.code, r.out, r.errOut, want)
+		}
+	}
 
-	for _, args := range [][]string{{"network", "audit", "empty"}, {"network", "denials", "empty"}, {"network", "denials"}} {
+	for _, args := range [][]string{{"network", "audit", "empty"}, {"network", "denials", "empty"}, {"network", "denials"}, {"network", "suggest", "empty"}} {
 		if r := moat(args...); r.code != ExitOK {
 			t.Errorf("moat %s with no audit log at all: exit %d, stderr %q; want 0", strings.Join(args, " "), r.code, r.errOut)
 		}

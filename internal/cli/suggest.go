@@ -1,10 +1,11 @@
 package cli
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/netip"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -51,13 +52,13 @@ safety (loopback, private ranges, the host's own addresses).
 			if since > 0 {
 				from = time.Now().Add(-since)
 			}
-			err = audit.Read(auditPath(dir, rec), func(r audit.Record) bool {
+			err = audit.ReadLogs(auditLogs(dir, rec), func(r audit.Record) bool {
 				if !r.Time.Before(from) {
 					recs = append(recs, r)
 				}
 				return true
 			})
-			if err != nil && !os.IsNotExist(err) {
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
 				return fmt.Errorf("reading the audit log: %w", err)
 			}
 			s := suggest(recs)
