@@ -279,7 +279,12 @@ func TestSuspendResume(t *testing.T) {
 	t.Run("idle_park_suspends_and_a_command_wakes_it", func(t *testing.T) {
 		// Short idle knobs for every daemon of this subtest, the ones its
 		// commands resume included: a fresh start, on_up and all.
-		knobs := []string{"MOAT_IDLE_INTERVAL=200ms", "MOAT_IDLE_TIMEOUT=2s"}
+		// A sample spans a whole second: the background counter below
+		// runs two programs each second, and on a loaded host one such
+		// burst can take more than a 200 ms sample's quarter of a core,
+		// restarting the idle run each second (a CI run once never
+		// parked with 200 ms samples).
+		knobs := []string{"MOAT_IDLE_INTERVAL=1s", "MOAT_IDLE_TIMEOUT=3s"}
 		run := func(args ...string) string {
 			t.Helper()
 			r := moat(t, dir, knobs, args...)
@@ -316,7 +321,8 @@ func TestSuspendResume(t *testing.T) {
 		}
 		if st != "suspended" {
 			log, _ := os.ReadFile(filepath.Join(stateDir, "daemon.log"))
-			t.Fatalf("not parked as suspended within 30 s of idleness: %s\n%s", st, log)
+			status := moat(t, dir, knobs, "status", name)
+			t.Fatalf("not parked as suspended within 30 s of idleness: %s\nmoat status (its last idle sample):\n%s\n%s", st, status.stdout, log)
 		}
 		after := slow()
 		if after < before {
