@@ -135,6 +135,16 @@ func reach(target string) error {
 	}
 	deadline := time.Now().Add(probeTimeout)
 	c, err := d.Dial(network, addr)
+	// "No route to host" is gVisor's netstack giving up on the pod's
+	// first ARP for its gateway (three tries), which a loaded node can
+	// outlast; it is no verdict of the fence, which drops (a time-out).
+	// Dialled again while the ARP settles, a fenced target still times
+	// out and an open one answers.
+	for settle := time.Now().Add(3 * probeTimeout); errors.Is(err, syscall.EHOSTUNREACH) && time.Now().Before(settle); {
+		time.Sleep(250 * time.Millisecond)
+		deadline = time.Now().Add(probeTimeout)
+		c, err = d.Dial(network, addr)
+	}
 	if err != nil {
 		return err
 	}
