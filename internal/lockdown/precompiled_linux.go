@@ -13,7 +13,7 @@ import (
 // allocated 2.2 MB in the gate process, which runs Apply at every start.
 // Those allocations alone pushed the process past the Go runtime's
 // first collection (at 4 MB), whose bookkeeping then stays resident in
-// every idle sandbox (docs/benchmarks.md, issue 19's figures).
+// every idle sandbox (docs/benchmarks.md, "moat's own processes below 20 MiB").
 //
 // precompiledFilter is the filter built for a stand-in pid
 // (precompiledseccomp.Precompile, which builds it for two pids and
