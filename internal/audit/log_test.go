@@ -1,7 +1,6 @@
 package audit
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -380,25 +379,10 @@ func TestReadOrderStopAndDamage(t *testing.T) {
 	}
 }
 
-// follower runs Follow and hands records to the test.
+// follower follows one log: Follow is FollowLogs of one path.
 func follower(t *testing.T, path string) <-chan Record {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	ch := make(chan Record, 1000)
-	done := make(chan error, 1)
-	go func() { done <- Follow(ctx, path, func(r Record) { ch <- r }) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Follow: %v", err)
-			}
-		case <-time.After(5 * time.Second):
-			t.Error("Follow did not return after cancel")
-		}
-	})
-	return ch
+	return logsFollower(t, path)
 }
 
 func expect(t *testing.T, ch <-chan Record, want int64) {

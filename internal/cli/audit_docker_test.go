@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -27,17 +25,8 @@ func TestDockerSandboxAudit(t *testing.T) {
 	if path == state.AuditPath(dir) {
 		t.Fatal("the Docker audit path is the gVisor one: the test would prove nothing")
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	w, err := audit.OpenWith(path, audit.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.Write(audit.Record{Schema: 1, Time: time.Now(), Sandbox: "dk", Verdict: audit.Deny, Proto: "tcp", Dst: "198.51.100.7:443", Name: "denied-by-docker-gate.test", Reason: audit.ReasonNoRule})
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
+	writeAudit(t, path, audit.Record{Schema: 1, Time: time.Now(), Sandbox: "dk", Verdict: audit.Deny, Proto: "tcp", Dst: "198.51.100.7:443",
+		Name: "denied-by-docker-gate.test", Reason: audit.ReasonNoRule})
 	for _, args := range [][]string{{"network", "audit", "dk"}, {"network", "denials", "dk"}} {
 		r := moat(args...)
 		if r.code != ExitOK || !strings.Contains(r.out, "denied-by-docker-gate.test") {
