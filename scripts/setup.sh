@@ -43,5 +43,26 @@ go build -trimpath -ldflags "-s -w -X moat.dev/moat/internal/roles.Version=$vers
 # Man pages, generated from the commands' own help: man -l bin/man/man1/moat-run.1
 go run ./internal/tools/manpages bin/man >/dev/null
 gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
-go build -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
+# With its seccomp filters precompiled, as gVisor's own (Bazel) release
+# build has them: the Go module holds stubs without programs, and runsc
+# then compiled the sentry's filter at every sandbox start and restore,
+# tens of milliseconds on a resume's critical path (docs/benchmarks.md).
+# internal/tools/runscfilters runs gVisor's precompiler for the flags moat
+# gives runsc (about a minute, once per gVisor version; the programs are
+# kept in bin/.runsc-filters). go build refuses to overlay files in the
+# module cache, so runsc is built from a private tree of gVisor's module
+# (hard links into the cache, read-only and never written: the overlay
+# replaces the two stubs) that a go.work puts in the module's place.
+filters=$PWD/bin/.runsc-filters/$gvisor
+mkdir -p "$filters"
+find "$(dirname "$filters")" -mindepth 1 -maxdepth 1 ! -name "$gvisor" -exec rm -rf {} +   # other gVisor versions'
+if [ ! -d "$filters/gvisor" ]; then
+	rm -rf "$filters/gvisor.tmp"
+	gvisor_dir=$(go list -m -f '{{.Dir}}' gvisor.dev/gvisor)
+	cp -al "$gvisor_dir" "$filters/gvisor.tmp" 2>/dev/null || { rm -rf "$filters/gvisor.tmp"; cp -a "$gvisor_dir" "$filters/gvisor.tmp"; }
+	mv "$filters/gvisor.tmp" "$filters/gvisor"
+fi
+overlay=$(go run ./internal/tools/runscfilters -gvisor "$filters/gvisor" -o "$filters")
+printf 'go %s\n\nuse "%s"\n\nreplace gvisor.dev/gvisor %s => "%s"\n' "$(go list -m -f '{{.GoVersion}}')" "$PWD" "$gvisor" "$filters/gvisor" >"$filters/go.work"
+GOWORK=$filters/go.work go build -overlay "$overlay" -trimpath -ldflags "-s -w -X gvisor.dev/gvisor/runsc/version.version=$gvisor" -o bin/runsc gvisor.dev/gvisor/runsc
 echo "setup.sh: built $(cd bin && echo moat moat-*) and runsc ($(bin/runsc --version | head -1)) in bin/" >&2

@@ -1,0 +1,202 @@
+// Command runscfilters writes runsc's seccomp programs, precompiled, for
+// the ways moat runs runsc, and a go build -overlay file that puts them in
+// place of gVisor's stubs; scripts/setup.sh runs it and builds runsc with
+// that overlay.
+//
+// gVisor's release build (Bazel) precompiles the sentry's and the gofer's
+// seccomp programs into runsc; a plain go build of its Go module gets
+// stubs that hold none (PrecompilationDisabledAtBuildTime), so runsc
+// compiled its filters at every sandbox start and restore, the sentry's
+// on the resume's critical path (docs/benchmarks.md). This command runs
+// gVisor's own precompiler (the config packages' PrecompiledPrograms) and
+// keeps the programs for moat's options only: gVisor's full set for the
+// sentry is several hundred programs and megabytes of Go source, nearly
+// all for GPU proxies, host networking and other platforms.
+//
+// Usage:
+//
+//	runscfilters -gvisor DIR -o CACHE
+//
+// DIR is gVisor's module directory (go list -m -f '{{.Dir}}'
+// gvisor.dev/gvisor); CACHE is a directory for this gVisor version. The
+// programs go into CACHE/SELECTION/ (SELECTION: a hash of the programs'
+// names, so a change in moat's runsc flags makes new ones) and are kept:
+// a second run only writes the overlay again. The overlay file's path is
+// printed on stdout; counts, sizes and times go to stderr.
+package main
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
+	bootconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
+	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
+)
+
+// formatVersion is part of the selection's hash: a change to what this
+// command writes must not find the old files in the cache.
+const formatVersion = "1"
+
+func main() {
+	gvisorDir := flag.String("gvisor", "", "gVisor's module directory: go list -m -f '{{.Dir}}' gvisor.dev/gvisor")
+	out := flag.String("o", "", "cache directory for this gVisor version, e.g. bin/.runsc-filters/VERSION")
+	flag.Parse()
+	if *gvisorDir == "" || *out == "" || flag.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "usage: runscfilters -gvisor DIR -o CACHE")
+		os.Exit(2)
+	}
+	overlay, err := run(*gvisorDir, *out, programSets, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runscfilters:", err)
+		os.Exit(1)
+	}
+	fmt.Println(overlay)
+}
+
+// programSet is one of runsc's two filter packages.
+type programSet struct {
+	name     string // the cache's subdirectory
+	stub     string // the file replaced, in gVisor's module
+	generate func() ([]precompiledseccomp.Program, error)
+}
+
+var programSets = []programSet{
+	{"boot", "runsc/boot/filter/filter_precompiled.go", bootconfig.PrecompiledPrograms},
+	{"gofer", "runsc/fsgofer/filter/filter_precompiled.go", goferconfig.PrecompiledPrograms},
+}
+
+// run writes the programs of sets that moat's options need under cache,
+// unless there already, and the overlay file, whose path it returns.
+func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, error) {
+	boot, gofer, err := wantKeys()
+	if err != nil {
+		return "", err
+	}
+	keys := map[string][]string{"boot": boot, "gofer": gofer}
+	dir, err := filepath.Abs(filepath.Join(cache, selection(keys)))
+	if err != nil {
+		return "", err
+	}
+	replace := map[string]string{}
+	for _, set := range sets {
+		stub := filepath.Join(gvisorDir, filepath.FromSlash(set.stub))
+		if _, err := os.Stat(stub); err != nil {
+			return "", fmt.Errorf("gVisor's module at %s has no %s to replace (%w); its seccomp precompilation has moved: update internal/tools/runscfilters", gvisorDir, set.stub, err)
+		}
+		stub, err = filepath.Abs(stub)
+		if err != nil {
+			return "", err
+		}
+		gen := filepath.Join(dir, set.name, "filter_precompiled.go")
+		replace[stub] = gen
+		if _, err := os.Stat(gen); err == nil {
+			fmt.Fprintf(log, "runscfilters: %s: %d programs, kept from %s\n", set.name, len(keys[set.name]), gen)
+			continue
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return "", err
+		}
+		start := time.Now()
+		all, err := set.generate()
+		if err != nil {
+			return "", fmt.Errorf("precompiling gVisor's %s programs: %w", set.name, err)
+		}
+		picked, err := pick(all, keys[set.name])
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", set.name, err)
+		}
+		src, err := render(set.stub, picked)
+		if err != nil {
+			return "", err
+		}
+		if err := writeFile(gen, src); err != nil {
+			return "", err
+		}
+		fmt.Fprintf(log, "runscfilters: %s: %d of gVisor's %d programs, %d bytes of Go, precompiled in %.1f s\n",
+			set.name, len(picked), len(all), len(src), time.Since(start).Seconds())
+	}
+	// Written every time: it names gVisor's module directory, which
+	// moves with GOMODCACHE while the programs stay the same.
+	overlay, err := json.MarshalIndent(struct{ Replace map[string]string }{replace}, "", "\t")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "overlay.json")
+	if err := writeFile(path, append(overlay, '\n')); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// selection names a set of programs by their names (and this command's
+// format), for the cache.
+func selection(keys map[string][]string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "format %s\n", formatVersion)
+	for _, set := range slices.Sorted(maps.Keys(keys)) {
+		fmt.Fprintf(h, "%s\n%s\n\n", set, strings.Join(keys[set], "\n"))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12]
+}
+
+// pick is the programs named keys, in keys' order; a key gVisor's
+// precompiler made no program for is an error, as a runsc that quietly
+// compiled its filters again at every start is what this command exists
+// to prevent.
+func pick(all []precompiledseccomp.Program, keys []string) ([]precompiledseccomp.Program, error) {
+	byName := make(map[string]precompiledseccomp.Program, len(all))
+	for _, p := range all {
+		byName[p.Name] = p
+	}
+	var picked []precompiledseccomp.Program
+	var missing []string
+	for _, k := range keys {
+		p, ok := byName[k]
+		if !ok {
+			missing = append(missing, k)
+			continue
+		}
+		picked = append(picked, p)
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("gVisor precompiles no program for %q, which moat's runsc flags (internal/runtime.RunscArgs) need; change the flag, or the options in internal/tools/runscfilters/options.go", missing)
+	}
+	return picked, nil
+}
+
+// writeFile writes path whole or not at all, so an interrupted run leaves
+// nothing a later one would take as done.
+func writeFile(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Chmod(0o644); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return os.Rename(f.Name(), path)
+}
