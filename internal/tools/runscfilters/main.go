@@ -9,16 +9,19 @@
 // compiled its filters at every sandbox start and restore, the sentry's
 // on the resume's critical path (docs/benchmarks.md). This command runs
 // gVisor's own precompiler (the config packages' PrecompiledPrograms) and
-// keeps the programs for moat's options only: gVisor's full set for the
-// sentry is several hundred programs and megabytes of Go source, nearly
-// all for GPU proxies, host networking and other platforms.
+// keeps the programs for moat's options only: gVisor's full set covers
+// every platform, networking mode and device proxy: megabytes of Go
+// source in runsc's build for programs moat never loads (counts and
+// sizes: docs/benchmarks.md).
 //
 // Usage:
 //
 //	runscfilters -gvisor DIR -o CACHE
 //
-// DIR is gVisor's module directory (go list -m -f '{{.Dir}}'
-// gvisor.dev/gvisor); CACHE is a directory for this gVisor version. The
+// DIR is the tree of gVisor's module runsc is built from, whose stubs the
+// overlay replaces (setup.sh's private copy: go build refuses to overlay
+// files in the module cache); CACHE is a directory for this gVisor
+// version. The
 // programs go into CACHE/SELECTION/ (SELECTION: a hash of the programs'
 // names, so a change in moat's runsc flags makes new ones) and are kept:
 // a second run only writes the overlay again. The overlay file's path is
@@ -51,7 +54,7 @@ import (
 const formatVersion = "1"
 
 func main() {
-	gvisorDir := flag.String("gvisor", "", "gVisor's module directory: go list -m -f '{{.Dir}}' gvisor.dev/gvisor")
+	gvisorDir := flag.String("gvisor", "", "the tree of gVisor's module runsc is built from, outside the module cache")
 	out := flag.String("o", "", "cache directory for this gVisor version, e.g. bin/.runsc-filters/VERSION")
 	flag.Parse()
 	if *gvisorDir == "" || *out == "" || flag.NArg() != 0 {
