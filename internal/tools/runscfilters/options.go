@@ -91,9 +91,9 @@ func goferOptions(conf *runscconfig.Config) []goferconfig.Options {
 }
 
 // directFSBoth is conf's directfs setting first, then the other: moat
-// passes no --directfs, but a program costs only ~30 KB of runsc, and
-// --directfs=false is the first thing to try when a gofer misbehaves; a
-// sandbox run that way then starts as fast.
+// passes no --directfs, but a program is small, and --directfs=false is
+// the first thing to try when a gofer misbehaves; a sandbox run that way
+// then starts as fast.
 func directFSBoth(conf *runscconfig.Config) []bool {
 	return []bool{conf.DirectFS, !conf.DirectFS}
 }
