@@ -48,8 +48,9 @@ gvisor=$(go list -m -f '{{.Version}}' gvisor.dev/gvisor)
 # then compiled the sentry's filter at every sandbox start and restore,
 # tens of milliseconds on a resume's critical path (docs/benchmarks.md).
 # internal/tools/runscfilters runs gVisor's precompiler for the flags moat
-# gives runsc (about a minute, once per gVisor version; the programs are
-# kept in bin/.runsc-filters). go build refuses to overlay files in the
+# gives runsc (as root: it precompiles as PID 1 of a PID namespace, where
+# the sentry runs) and keeps the programs in bin/.runsc-filters, one
+# directory per gVisor version. go build refuses to overlay files in the
 # module cache, so runsc is built from a private tree of gVisor's module
 # (hard links into the cache, read-only and never written: the overlay
 # replaces the two stubs) that a go.work puts in the module's place.

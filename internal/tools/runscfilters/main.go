@@ -7,12 +7,11 @@
 // seccomp programs into runsc; a plain go build of its Go module gets
 // stubs that hold none (PrecompilationDisabledAtBuildTime), so runsc
 // compiled its filters at every sandbox start and restore, the sentry's
-// on the resume's critical path (docs/benchmarks.md). This command runs
-// gVisor's own precompiler (the config packages' PrecompiledPrograms) and
-// keeps the programs for moat's options only: gVisor's full set covers
-// every platform, networking mode and device proxy: megabytes of Go
-// source in runsc's build for programs moat never loads (counts and
-// sizes: docs/benchmarks.md).
+// on the resume's critical path (docs/benchmarks.md). This command
+// precompiles the programs for moat's options only, with gVisor's own
+// precompiler (pkg/seccomp/precompiledseccomp): gVisor's full set covers
+// every platform, networking mode and device proxy, megabytes of Go
+// source in runsc's build for programs moat never loads.
 //
 // Usage:
 //
@@ -21,11 +20,10 @@
 // DIR is the tree of gVisor's module runsc is built from, whose stubs the
 // overlay replaces (setup.sh's private copy: go build refuses to overlay
 // files in the module cache); CACHE is a directory for this gVisor
-// version. The
-// programs go into CACHE/SELECTION/ (SELECTION: a hash of the programs'
-// names, so a change in moat's runsc flags makes new ones) and are kept:
-// a second run only writes the overlay again. The overlay file's path is
-// printed on stdout; counts, sizes and times go to stderr.
+// version. The programs go into CACHE/SELECTION/ (SELECTION: a hash of
+// the programs' names, so a change in moat's runsc flags makes new ones)
+// and are kept: a second run only writes the overlay again. The overlay
+// file's path is printed on stdout; counts, sizes and times go to stderr.
 package main
 
 import (
@@ -37,23 +35,27 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"maps"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 
 	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
-	bootconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
 	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
 )
 
 // formatVersion is part of the selection's hash: a change to what this
 // command writes must not find the old files in the cache.
-const formatVersion = "1"
+const formatVersion = "2"
 
 func main() {
+	if os.Getenv(sentryChildEnv) != "" {
+		if err := sentryChild(); err != nil {
+			fmt.Fprintln(os.Stderr, "runscfilters:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	gvisorDir := flag.String("gvisor", "", "the tree of gVisor's module runsc is built from, outside the module cache")
 	out := flag.String("o", "", "cache directory for this gVisor version, e.g. bin/.runsc-filters/VERSION")
 	flag.Parse()
@@ -61,7 +63,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "usage: runscfilters -gvisor DIR -o CACHE")
 		os.Exit(2)
 	}
-	overlay, err := run(*gvisorDir, *out, programSets, os.Stderr)
+	sets, err := moatSets()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "runscfilters:", err)
+		os.Exit(1)
+	}
+	overlay, err := run(*gvisorDir, *out, sets, os.Stderr)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "runscfilters:", err)
 		os.Exit(1)
@@ -69,27 +76,41 @@ func main() {
 	fmt.Println(overlay)
 }
 
-// programSet is one of runsc's two filter packages.
+// programSet is one of runsc's two filter packages and the programs moat
+// needs in it.
 type programSet struct {
-	name     string // the cache's subdirectory
-	stub     string // the file replaced, in gVisor's module
+	name     string   // the cache's subdirectory
+	stub     string   // the file replaced, in gVisor's module
+	keys     []string // the programs' names, sorted
 	generate func() ([]precompiledseccomp.Program, error)
 }
 
-var programSets = []programSet{
-	{"boot", "runsc/boot/filter/filter_precompiled.go", bootconfig.PrecompiledPrograms},
-	{"gofer", "runsc/fsgofer/filter/filter_precompiled.go", goferconfig.PrecompiledPrograms},
+// Where gVisor's stubs are, in its module.
+const (
+	sentryStub = "runsc/boot/filter/filter_precompiled.go"
+	goferStub  = "runsc/fsgofer/filter/filter_precompiled.go"
+)
+
+// moatSets are the sentry's and the gofer's programs for moat's options.
+// The gofer's come from gVisor's own precompiler, whose whole set (a few
+// dozen) takes well under a second; the sentry's are precompiled for
+// moat's options alone (precompileSentry), as PID 1
+// (precompileSentryAsPID1).
+func moatSets() ([]programSet, error) {
+	boot, gofer, err := moatOptions()
+	if err != nil {
+		return nil, err
+	}
+	return []programSet{
+		{"boot", sentryStub, keys(boot), precompileSentryAsPID1},
+		{"gofer", goferStub, keys(gofer), goferconfig.PrecompiledPrograms},
+	}, nil
 }
 
 // run writes the programs of sets that moat's options need under cache,
 // unless there already, and the overlay file, whose path it returns.
 func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, error) {
-	boot, gofer, err := wantKeys()
-	if err != nil {
-		return "", err
-	}
-	keys := map[string][]string{"boot": boot, "gofer": gofer}
-	dir, err := filepath.Abs(filepath.Join(cache, selection(keys)))
+	dir, err := filepath.Abs(filepath.Join(cache, selection(sets)))
 	if err != nil {
 		return "", err
 	}
@@ -106,7 +127,7 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 		gen := filepath.Join(dir, set.name, "filter_precompiled.go")
 		replace[stub] = gen
 		if _, err := os.Stat(gen); err == nil {
-			fmt.Fprintf(log, "runscfilters: %s: %d programs, kept from %s\n", set.name, len(keys[set.name]), gen)
+			fmt.Fprintf(log, "runscfilters: %s: %d programs, kept from %s\n", set.name, len(set.keys), gen)
 			continue
 		} else if !errors.Is(err, fs.ErrNotExist) {
 			return "", err
@@ -116,7 +137,7 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 		if err != nil {
 			return "", fmt.Errorf("precompiling gVisor's %s programs: %w", set.name, err)
 		}
-		picked, err := pick(all, keys[set.name])
+		picked, err := pick(all, set.keys)
 		if err != nil {
 			return "", fmt.Errorf("%s: %w", set.name, err)
 		}
@@ -127,7 +148,7 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 		if err := writeFile(gen, src); err != nil {
 			return "", err
 		}
-		fmt.Fprintf(log, "runscfilters: %s: %d of gVisor's %d programs, %d bytes of Go, precompiled in %.1f s\n",
+		fmt.Fprintf(log, "runscfilters: %s: %d programs of %d precompiled, %d bytes of Go, in %.1f s\n",
 			set.name, len(picked), len(all), len(src), time.Since(start).Seconds())
 	}
 	// Written every time: it names gVisor's module directory, which
@@ -140,16 +161,40 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 	if err := writeFile(path, append(overlay, '\n')); err != nil {
 		return "", err
 	}
-	return path, nil
+	return path, pruneSelections(cache, filepath.Base(dir))
+}
+
+// pruneSelections removes the programs of other selections from cache,
+// made before moat's flags or this command changed; nothing else there
+// (setup.sh keeps its tree of gVisor's module beside them).
+func pruneSelections(cache, keep string) error {
+	entries, err := os.ReadDir(cache)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if name := e.Name(); e.IsDir() && name != keep && isSelection(name) {
+			if err := os.RemoveAll(filepath.Join(cache, name)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// isSelection says whether name is a selection's directory name.
+func isSelection(name string) bool {
+	_, err := hex.DecodeString(name)
+	return len(name) == len(selection(nil)) && err == nil
 }
 
 // selection names a set of programs by their names (and this command's
 // format), for the cache.
-func selection(keys map[string][]string) string {
+func selection(sets []programSet) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "format %s\n", formatVersion)
-	for _, set := range slices.Sorted(maps.Keys(keys)) {
-		fmt.Fprintf(h, "%s\n%s\n\n", set, strings.Join(keys[set], "\n"))
+	for _, set := range sets {
+		fmt.Fprintf(h, "%s\n%s\n\n", set.name, strings.Join(set.keys, "\n"))
 	}
 	return hex.EncodeToString(h.Sum(nil))[:12]
 }

@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 
 	"gvisor.dev/gvisor/pkg/sentry/platform"
 	bootconfig "gvisor.dev/gvisor/runsc/boot/filter/config"
@@ -98,10 +99,10 @@ func directFSBoth(conf *runscconfig.Config) []bool {
 	return []bool{conf.DirectFS, !conf.DirectFS}
 }
 
-// wantKeys are the precompiled programs' names (their options'
-// ConfigKey) for every way moat runs runsc, sorted, without duplicates:
-// the sentry's and the gofer's.
-func wantKeys() (boot, gofer []string, err error) {
+// moatOptions are the sentry's and the gofer's filter options for every
+// way moat runs runsc, one for each program name (ConfigKey), in the
+// names' order.
+func moatOptions() (boot []bootconfig.Options, gofer []goferconfig.Options, err error) {
 	for _, p := range moatPlatforms {
 		conf, err := runscConfig(p)
 		if err != nil {
@@ -111,14 +112,23 @@ func wantKeys() (boot, gofer []string, err error) {
 		if err != nil {
 			return nil, nil, err
 		}
-		for _, o := range opts {
-			boot = append(boot, o.ConfigKey())
-		}
-		for _, o := range goferOptions(conf) {
-			gofer = append(gofer, o.ConfigKey())
-		}
+		boot = append(boot, opts...)
+		gofer = append(gofer, goferOptions(conf)...)
 	}
-	slices.Sort(boot)
-	slices.Sort(gofer)
-	return slices.Compact(boot), slices.Compact(gofer), nil
+	return byKey(boot), byKey(gofer), nil
+}
+
+// byKey is opts sorted by ConfigKey, one for each.
+func byKey[O interface{ ConfigKey() string }](opts []O) []O {
+	slices.SortStableFunc(opts, func(a, b O) int { return strings.Compare(a.ConfigKey(), b.ConfigKey()) })
+	return slices.CompactFunc(opts, func(a, b O) bool { return a.ConfigKey() == b.ConfigKey() })
+}
+
+// keys are opts' ConfigKeys.
+func keys[O interface{ ConfigKey() string }](opts []O) []string {
+	k := make([]string, len(opts))
+	for i, o := range opts {
+		k[i] = o.ConfigKey()
+	}
+	return k
 }

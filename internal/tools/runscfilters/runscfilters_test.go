@@ -1,20 +1,28 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"flag"
+	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
+	"gvisor.dev/gvisor/pkg/seccomp"
 	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
 	"gvisor.dev/gvisor/pkg/sentry/platform"
 	"gvisor.dev/gvisor/pkg/sentry/platform/kvm"
@@ -33,10 +41,11 @@ import (
 // generated. A name missing here is a runsc that compiles that filter at
 // every start.
 func TestKeysCoverRunsc(t *testing.T) {
-	boot, gofer, err := wantKeys()
+	bootOpts, goferOpts, err := moatOptions()
 	if err != nil {
 		t.Fatal(err)
 	}
+	boot, gofer := keys(bootOpts), keys(goferOpts)
 	seccompInfo := map[string]platform.SeccompInfo{
 		runtime.PlatformSystrap: (*systrap.Systrap)(nil).SeccompInfo(),
 		runtime.PlatformKVM:     (*kvm.KVM)(nil).SeccompInfo(),
@@ -88,6 +97,139 @@ func TestKeysCoverRunsc(t *testing.T) {
 	}
 }
 
+// TestMain lets the test binary be the generator's PID 1 child
+// (precompileSentryAsPID1 runs its own executable).
+func TestMain(m *testing.M) {
+	if os.Getenv(sentryChildEnv) != "" {
+		if err := sentryChild(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// verifyEnv names the programs file TestProgramsAreRunscs's PID 1 child
+// checks.
+const verifyEnv = "MOAT_RUNSCFILTERS_TEST_VERIFY"
+
+// TestProgramsAreRunscs: every program moat's runsc gets, rendered with a
+// process's own variables, is the filter runsc would build at start for
+// the same options without it (runsc/boot/filter.Install,
+// runsc/fsgofer/filter.Install): the same instructions, only not compiled
+// then. The comparison runs as PID 1 of a new PID namespace, as the
+// sentry does; and precompiling twice, in two processes, gives the same
+// programs.
+func TestProgramsAreRunscs(t *testing.T) {
+	if path := os.Getenv(verifyEnv); path != "" {
+		verifyPrograms(t, path)
+		return
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root, to precompile and compare as PID 1 of a new PID namespace (the sentry's place); run as root, as scripts/test.sh does")
+	}
+	sets, err := moatSets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var programs []precompiledseccomp.Program
+	for _, set := range sets {
+		all, err := set.generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		picked, err := pick(all, set.keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		again, err := set.generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again, _ := pick(again, set.keys); !reflect.DeepEqual(again, picked) {
+			t.Errorf("%s: precompiled twice, the programs differ: something of the precompiling process is in them", set.name)
+		}
+		programs = append(programs, picked...)
+	}
+	data, err := json.Marshal(programs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "programs.json")
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestProgramsAreRunscs$", "-test.v")
+	cmd.Env = append(os.Environ(), verifyEnv+"="+path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("checking the programs as PID 1: %v\n%s", err, out)
+	}
+}
+
+// verifyPrograms is TestProgramsAreRunscs's PID 1 child: each program in
+// the file at path against runsc's own build for its options.
+func verifyPrograms(t *testing.T, path string) {
+	if os.Getpid() != 1 {
+		t.Fatalf("checking as pid %d, not as PID 1 of a PID namespace", os.Getpid())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list []precompiledseccomp.Program
+	if err := json.Unmarshal(data, &list); err != nil {
+		t.Fatal(err)
+	}
+	programs := map[string]precompiledseccomp.Program{}
+	for _, p := range list {
+		programs[p.Name] = p
+	}
+	boot, gofer, err := moatOptions()
+	if err != nil {
+		t.Fatal(err)
+	}
+	same := func(key string, vars precompiledseccomp.Values, build *seccomp.Program) {
+		t.Helper()
+		p, ok := programs[key]
+		if !ok {
+			t.Errorf("no program for %s", key)
+			return
+		}
+		got, err := p.RenderInstructions(vars)
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		want, _, err := build.Build()
+		if err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s with %v: the precompiled program (%d instructions) is not runsc's own build (%d)", key, vars, len(got), len(want))
+		}
+	}
+	for _, opt := range boot {
+		opt.ControllerFD = 7 // runsc's control socket; any descriptor
+		rules, denyRules := bootconfig.Rules(opt)
+		same(opt.ConfigKey(), opt.Vars(), &seccomp.Program{
+			RuleSets: []seccomp.RuleSet{{Rules: denyRules}, {Rules: rules, Action: seccomp.Allow}},
+			Options:  bootconfig.SeccompOptions(opt),
+		})
+	}
+	for _, opt := range gofer {
+		rules, denyRules := goferconfig.Rules(opt)
+		same(opt.ConfigKey(), opt.Vars(), &seccomp.Program{
+			RuleSets: []seccomp.RuleSet{{Rules: denyRules}, {Rules: rules, Action: seccomp.Allow}},
+		})
+	}
+	if len(programs) != len(boot)+len(gofer) {
+		t.Errorf("%d programs for %d options", len(programs), len(boot)+len(gofer))
+	}
+}
+
 // TestRenderKeepsStubAPI: the generated file declares what gVisor's stub
 // declares, for both packages, and turns precompilation on.
 func TestRenderKeepsStubAPI(t *testing.T) {
@@ -96,28 +238,28 @@ func TestRenderKeepsStubAPI(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := gvisorDir(t)
-	for _, set := range programSets {
-		stubSrc, err := os.ReadFile(filepath.Join(dir, set.stub))
+	for _, path := range []string{sentryStub, goferStub} {
+		stubSrc, err := os.ReadFile(filepath.Join(dir, path))
 		if err != nil {
 			t.Fatal(err)
 		}
-		src, err := render(set.stub, all[:2])
+		src, err := render(path, all[:2])
 		if err != nil {
 			t.Fatal(err)
 		}
-		stub, gen := parse(t, set.stub, stubSrc), parse(t, "generated "+set.stub, src)
+		stub, gen := parse(t, path, stubSrc), parse(t, "generated "+path, src)
 		if got, want := decls(gen), decls(stub); !slices.Equal(got, want) {
-			t.Errorf("%s: generated declares %q, the stub %q", set.name, got, want)
+			t.Errorf("%s: generated declares %q, the stub %q", path, got, want)
 		}
 		if gen.Name.Name != stub.Name.Name {
-			t.Errorf("%s: generated is package %s, the stub %s", set.name, gen.Name.Name, stub.Name.Name)
+			t.Errorf("%s: generated is package %s, the stub %s", path, gen.Name.Name, stub.Name.Name)
 		}
 		if !strings.Contains(string(src), "const PrecompilationDisabledAtBuildTime = false") {
-			t.Errorf("%s: generated does not set PrecompilationDisabledAtBuildTime = false", set.name)
+			t.Errorf("%s: generated does not set PrecompilationDisabledAtBuildTime = false", path)
 		}
 		for _, p := range all[:2] {
 			if !strings.Contains(string(src), "programs["+strconv.Quote(p.Name)+"] = precompiledseccomp.Program{") {
-				t.Errorf("%s: generated does not register %q", set.name, p.Name)
+				t.Errorf("%s: generated does not register %q", path, p.Name)
 			}
 		}
 	}
@@ -128,10 +270,7 @@ func TestRenderKeepsStubAPI(t *testing.T) {
 // nothing; a program gVisor does not make, or a stub that is not there,
 // stops it with what is missing.
 func TestRunCaches(t *testing.T) {
-	boot, gofer, err := wantKeys()
-	if err != nil {
-		t.Fatal(err)
-	}
+	boot, gofer := []string{"boot 1", "boot 2"}, []string{"gofer 1", "gofer 2"}
 	gvisor, cache := t.TempDir(), t.TempDir()
 	calls := 0
 	fake := func(names ...string) func() ([]precompiledseccomp.Program, error) {
@@ -145,16 +284,27 @@ func TestRunCaches(t *testing.T) {
 		}
 	}
 	sets := []programSet{
-		{"boot", "runsc/boot/filter/filter_precompiled.go", fake(boot...)},
-		{"gofer", "runsc/fsgofer/filter/filter_precompiled.go", fake(gofer...)},
+		{"boot", sentryStub, boot, fake(boot...)},
+		{"gofer", goferStub, gofer, fake(gofer...)},
 	}
 	for _, s := range sets {
 		writeStub(t, filepath.Join(gvisor, s.stub))
+	}
+	// An older selection's programs, and setup.sh's tree beside them.
+	stale, tree := filepath.Join(cache, "0123456789ab"), filepath.Join(cache, "gvisor")
+	for _, d := range []string{stale, tree} {
+		writeStub(t, filepath.Join(d, "x.go"))
 	}
 
 	overlay, err := run(gvisor, cache, sets, io.Discard)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an older selection's programs are still there: %v", err)
+	}
+	if _, err := os.Stat(tree); err != nil {
+		t.Errorf("the run removed what is not a selection's: %v", err)
 	}
 	if calls != 2 {
 		t.Fatalf("first run precompiled %d sets, want 2", calls)
@@ -180,8 +330,7 @@ func TestRunCaches(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := map[string][]string{"boot": boot, "gofer": gofer}[s.name]
-		for _, k := range want {
+		for _, k := range s.keys {
 			if !strings.Contains(string(src), strconv.Quote(k)) {
 				t.Errorf("%s: %s lacks %q", s.name, gen, k)
 			}
@@ -198,7 +347,7 @@ func TestRunCaches(t *testing.T) {
 		t.Errorf("second run precompiled again (%d sets in all)", calls)
 	}
 
-	short := []programSet{sets[0], {"gofer", sets[1].stub, fake(gofer[1:]...)}}
+	short := []programSet{sets[0], {"gofer", goferStub, gofer, fake(gofer[1:]...)}}
 	if _, err := run(gvisor, t.TempDir(), short, io.Discard); err == nil || !strings.Contains(err.Error(), strconv.Quote(gofer[0])) {
 		t.Errorf("a program gVisor does not make: %v; want an error naming %q", err, gofer[0])
 	}
