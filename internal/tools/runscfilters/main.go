@@ -118,7 +118,7 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 	for _, set := range sets {
 		stub := filepath.Join(gvisorDir, filepath.FromSlash(set.stub))
 		if _, err := os.Stat(stub); err != nil {
-			return "", fmt.Errorf("gVisor's module at %s has no %s to replace (%w); its seccomp precompilation has moved: update internal/tools/runscfilters", gvisorDir, set.stub, err)
+			return "", fmt.Errorf("gVisor's tree at %s has no %s to replace (%w); its seccomp precompilation has moved: update internal/tools/runscfilters", gvisorDir, set.stub, err)
 		}
 		stub, err = filepath.Abs(stub)
 		if err != nil {
@@ -151,8 +151,8 @@ func run(gvisorDir, cache string, sets []programSet, log io.Writer) (string, err
 		fmt.Fprintf(log, "runscfilters: %s: %d programs of %d precompiled, %d bytes of Go, in %.1f s\n",
 			set.name, len(picked), len(all), len(src), time.Since(start).Seconds())
 	}
-	// Written every time: it names gVisor's module directory, which
-	// moves with GOMODCACHE while the programs stay the same.
+	// Written every time: it names gVisor's tree by its path, which
+	// moves with the checkout while the programs stay the same.
 	overlay, err := json.MarshalIndent(struct{ Replace map[string]string }{replace}, "", "\t")
 	if err != nil {
 		return "", err
