@@ -67,17 +67,41 @@ on_up = ["setsid -f python3 server.py </dev/null >/dev/null 2>&1"]
 ports = ["$port:$guest_port"]
 TOML
 
-ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
+# Times come from bash's own clock (EPOCHREALTIME, in µs), not from a
+# `date` process, whose start would be counted in every figure.
+now() { echo "${EPOCHREALTIME/./}"; }
+ms() { echo $(( (${EPOCHREALTIME/./} - $1) / 1000 )); }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-# answers: polls the server through the forward, every 5 ms, for up to 60 s.
+# answers: polls the server through the forward, every 5 ms, for up to 60 s,
+# from a poller started once. A curl per poll counted curl's own start
+# (about 30 ms here): in full after a resume, where the server already
+# runs, and partly after a cold start, where the polls overlap its start.
+poller=$(dirname "$proj")/poller.py
+cat > "$poller" <<'PY'
+import socket, sys, time
+port = int(sys.argv[1])
+for _ in sys.stdin:
+    deadline, ok = time.monotonic() + 60, False
+    while not ok and time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+                ok = c.recv(16).startswith((b"HTTP/1.0 200", b"HTTP/1.1 200"))
+        except OSError:
+            pass
+        if not ok:
+            time.sleep(0.005)
+    print("ok" if ok else "timeout", flush=True)
+PY
+coproc POLL { exec python3 "$poller" "$port"; }
 answers() {
-	local i
-	for i in $(seq 12000); do
-		curl -sf -m 1 "http://127.0.0.1:$port/" >/dev/null 2>&1 && return 0
-		sleep 0.005
-	done
-	echo "the guest's server did not answer within 60 s" >&2
-	exit 1
+	local reply
+	echo go >&"${POLL[1]}"
+	read -r reply <&"${POLL[0]}"
+	if [ "$reply" != ok ]; then
+		echo "the guest's server did not answer within 60 s" >&2
+		exit 1
+	fi
 }
 # guest_used_kib: the guest's memory in use, as its kernel (gVisor's) counts it.
 guest_used_kib() { "$MOAT" exec suspendbench -- awk '/^MemTotal/ {t=$2} /^MemAvailable/ {a=$2} END {print t-a}' /proc/meminfo; }
@@ -96,16 +120,16 @@ cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() d
 for i in $(seq "$N"); do
 	# Cold: from stopped (down drops any image) to the server's answer.
 	"$MOAT" down suspendbench >/dev/null 2>&1
-	t=$(date +%s%N); "$MOAT" up suspendbench >/dev/null 2>&1; answers; cold+=("$(ms "$t")"); dcold+=("$(daemon_ms)")
+	t=$(now); "$MOAT" up suspendbench >/dev/null 2>&1; answers; cold+=("$(ms "$t")"); dcold+=("$(daemon_ms)")
 	used+=("$(guest_used_kib)")
-	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
+	t=$(now); "$MOAT" suspend suspendbench >/dev/null 2>&1; susp+=("$(ms "$t")")
 	img+=("$(image_kib)")
-	t=$(date +%s%N); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
+	t=$(now); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
 	dresume+=("$(daemon_ms)") rrestore+=("$(restore_ms)") rgate+=("$(keeper_ms gate_ms)") rboot+=("$(keeper_ms boot_ms)")
-	t=$(date +%s%N); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
+	t=$(now); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
 	"$MOAT" destroy --yes forkbench >/dev/null 2>&1
-	t=$(date +%s%N); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
-	t=$(date +%s%N); "$MOAT" snapshot restore suspendbench "s$i" --yes >/dev/null 2>&1; answers; srestore+=("$(ms "$t")")
+	t=$(now); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
+	t=$(now); "$MOAT" snapshot restore suspendbench "s$i" --yes >/dev/null 2>&1; answers; srestore+=("$(ms "$t")")
 	"$MOAT" snapshot rm suspendbench "s$i" --yes >/dev/null 2>&1
 done
 
@@ -126,7 +150,7 @@ for i in $(seq "$N"); do
 	rm -rf "$bare/image"
 	"$MOAT_RUNSC" "${rflags[@]}" checkpoint --image-path="$bare/image" barefloor >/dev/null
 	"$MOAT_RUNSC" "${rflags[@]}" delete --force barefloor >/dev/null 2>&1 || true
-	t=$(date +%s%N); "$MOAT_RUNSC" "${rflags[@]}" restore --detach --image-path="$bare/image" --bundle="$bare" barefloor >/dev/null; floor+=("$(ms "$t")")
+	t=$(now); "$MOAT_RUNSC" "${rflags[@]}" restore --detach --image-path="$bare/image" --bundle="$bare" barefloor >/dev/null; floor+=("$(ms "$t")")
 done
 "$MOAT_RUNSC" "${rflags[@]}" kill barefloor KILL >/dev/null 2>&1 || true
 "$MOAT_RUNSC" "${rflags[@]}" delete --force barefloor >/dev/null 2>&1 || true
@@ -137,7 +161,7 @@ sleep 3
 bsusp=() bimg=() bused=()
 for i in $(seq "$N"); do
 	bused+=("$(guest_used_kib)")
-	t=$(date +%s%N); "$MOAT" suspend suspendbench >/dev/null 2>&1; bsusp+=("$(ms "$t")")
+	t=$(now); "$MOAT" suspend suspendbench >/dev/null 2>&1; bsusp+=("$(ms "$t")")
 	bimg+=("$(image_kib)")
 	"$MOAT" resume suspendbench >/dev/null 2>&1; answers
 done
