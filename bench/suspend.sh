@@ -170,21 +170,22 @@ m() { printf '%s\n' "$@" | median; }
 # sub: a - b; medians of an even N end in .5, which $(( )) refuses.
 sub() { awk -v a="$1" -v b="$2" 'BEGIN{print a - b}'; }
 mib() { awk -v k="$1" 'BEGIN{printf "%d", k / 1024}'; }
+# per: a / b, to two places.
+per() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 c=$(m "${cold[@]}") r=$(m "${resume[@]}")
 printf 'runs: %d each, interleaved, medians\n' "$N"
-printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(awk -v a="$r" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
+printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(per "$r" "$c")"
 fl=$(m "${floor[@]}")
-printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(awk -v a="$fl" -v b="$c" 'BEGIN{printf "%.2f", a/b}')" "$(sub "$r" "$fl")"
+printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(per "$fl" "$c")" "$(sub "$r" "$fl")"
 dc=$(m "${dcold[@]}") dr=$(m "${dresume[@]}") rr=$(m "${rrestore[@]}")
 printf "parts: the daemon's start to running: resume %s ms (runsc restore in the shim %s ms), cold %s ms; before and after it (the CLI, the daemon's process, the forward's first answer): resume %s ms, cold %s ms\n" "$dr" "$rr" "$dc" "$(sub "$r" "$dr")" "$(sub "$c" "$dc")"
 rg=$(m "${rgate[@]}") rb=$(m "${rboot[@]}")
 printf "parts of the resume's daemon start: to the guest's go (the gate process's and the shim's starts) %s ms, go to running %s ms (runsc restore, then the agent's handshake: about %s ms after runsc)\n" "$rg" "$rb" "$(sub "$rb" "$rr")"
-per() { awk -v i="$1" -v u="$2" 'BEGIN{printf "%.2f", i/u}'; }
 su=$(m "${used[@]}") si=$(m "${img[@]}") bu=$(m "${bused[@]}") bi=$(m "${bimg[@]}")
 printf 'suspend, idle guest:          %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$(m "${susp[@]}")" "$(mib "$si")" "$(mib "$su")" "$(per "$si" "$su")"
 printf 'suspend, %d MiB held:         %s ms, image %d MiB for %d MiB in use (%s MiB of image per MiB)\n' "$BALLAST_MIB" "$(m "${bsusp[@]}")" "$(mib "$bi")" "$(mib "$bu")" "$(per "$bi" "$bu")"
 f=$(m "${fork[@]}")
-printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(awk -v a="$f" -v b="$c" 'BEGIN{printf "%.2f", a/b}')"
+printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(per "$f" "$c")"
 printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
 printf 'raw: daemon start cold %s | daemon start resume %s | runsc restore %s | to go %s | go to running %s\n' "${dcold[*]}" "${dresume[*]}" "${rrestore[*]}" "${rgate[*]}" "${rboot[*]}"
 printf 'raw: floor %s | cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${floor[*]}" "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
