@@ -42,6 +42,8 @@ import (
 
 	"gvisor.dev/gvisor/pkg/seccomp/precompiledseccomp"
 	goferconfig "gvisor.dev/gvisor/runsc/fsgofer/filter/config"
+
+	"moat.dev/moat/internal/state"
 )
 
 // formatVersion is part of the selection's hash: a change to what this
@@ -224,27 +226,11 @@ func pick(all []precompiledseccomp.Program, keys []string) ([]precompiledseccomp
 	return picked, nil
 }
 
-// writeFile writes path whole or not at all, so an interrupted run leaves
-// nothing a later one would take as done.
+// writeFile writes path whole or not at all (state.WriteAtomic), so an
+// interrupted run leaves nothing a later one would take as done.
 func writeFile(path string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return os.Rename(f.Name(), path)
+	return state.WriteAtomic(path, data, 0o644)
 }
