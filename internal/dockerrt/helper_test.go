@@ -70,12 +70,14 @@ func TestHelperExitCodes(t *testing.T) {
 }
 
 // An error's class survives the round trip: moat-docker's exit code for
-// it names the sentinel moat matches.
+// it names the sentinel moat matches, read as Helper reads any exit.
 func TestExitCodeRoundTrip(t *testing.T) {
 	for _, s := range []error{ErrNoRecord, ErrUnreachable, ErrNotLocal, ErrNoImage, errors.New("other")} {
-		err := fmt.Errorf("doing it: %w", s)
-		c := ExitCode(err)
-		he := &HelperError{Code: c, Class: classes[c]}
+		p, _ := fakeHelper(t, "", ErrorPrefix+"doing it\n", ExitCode(fmt.Errorf("doing it: %w", s)))
+		var he *HelperError
+		if err := (Helper{Path: p}).Stop(context.Background(), "/state/x"); !errors.As(err, &he) {
+			t.Fatalf("%v: err = %v, want a HelperError", s, err)
+		}
 		want := s
 		if s == ErrNotLocal {
 			want = ErrUnreachable // one class: the engine is not one moat can use
