@@ -36,10 +36,14 @@ const (
 	ExitNoImage     = 5 // ErrNoImage
 )
 
+// helperName is moat-docker's name in messages; helperproc reads the
+// lines that begin with it and ": " as the error (ErrorPrefix).
+const helperName = "moat-docker"
+
 // ErrorPrefix begins each line of moat-docker's error message on its
 // stderr; every other line there is for the user (warnings), which moat
 // passes on as it comes.
-const ErrorPrefix = "moat-docker: "
+const ErrorPrefix = helperName + ": "
 
 // ExitCode is the exit code of err's class.
 func ExitCode(err error) int {
@@ -91,7 +95,7 @@ const stopGrace = 20 * time.Second
 // run runs `moat-docker op args...` with stdin, and decodes its stdout
 // into out (nil: no result).
 func (h Helper) run(ctx context.Context, stdin []byte, out any, op string, args ...string) error {
-	b := helperproc.Binary{Name: "moat-docker", Path: h.Path, Stderr: h.Stderr,
+	b := helperproc.Binary{Name: helperName, Path: h.Path, Stderr: h.Stderr,
 		Env: helperEnv(os.Environ()), Grace: stopGrace, Classes: classes}
 	// On the caller's deadline moat-docker is asked to stop, which
 	// cancels what it does and removes a half-made start's containers.
