@@ -85,13 +85,13 @@ func fromKube(err error) error {
 // (--runtime, else [sandbox] runtime) is kubernetes. handled is false
 // when the sandbox is another runtime's, which run goes on with.
 func (e *env) kubeRun(name string, f kubeFlags, preset bool, argv []string) (handled bool, err error) {
-	var dir string
-	var rec *state.Record
 	ws, err := cwd()
 	if err != nil {
 		return true, err
 	}
 	ws = findWorkspace(ws)
+	var dir string
+	var rec *state.Record
 	if name != "" {
 		if d, r, err := e.byName(name); err == nil {
 			dir, rec = d, r
@@ -101,14 +101,15 @@ func (e *env) kubeRun(name string, f kubeFlags, preset bool, argv []string) (han
 	} else if dir, rec, err = e.forWorkspace(ws); err != nil {
 		return true, err
 	}
-	if rec == nil {
-		cfg, err := config.Load(e.dirs.UserConfig(), filepath.Join(ws, "moat.toml"))
-		if err != nil {
+	var cfg config.Config
+	switch {
+	case rec == nil:
+		if cfg, err = config.Load(e.dirs.UserConfig(), filepath.Join(ws, "moat.toml")); err != nil {
 			return true, withCode(ExitUsage, err)
 		}
-		rt := cfg.Sandbox.Runtime
-		if e.runtime != "" {
-			rt = e.runtime
+		rt, err := sandboxRuntime(e.runtime, cfg)
+		if err != nil {
+			return true, err
 		}
 		if rt != runtimeKube {
 			if g := f.given(); g != "" {
@@ -116,19 +117,7 @@ func (e *env) kubeRun(name string, f kubeFlags, preset bool, argv []string) (han
 			}
 			return false, nil
 		}
-		if name == "" {
-			name = cfg.Sandbox.Name
-		}
-		if name == "" {
-			name = e.deriveName(ws)
-		}
-		if preset {
-			return true, codef(ExitUsage, "presets do not run on Kubernetes yet: the sandbox's policy and credentials are its template's (docs/kubernetes.md); run the agent's command after --")
-		}
-		if dir, rec, err = e.kubeCreate(ws, name, f); err != nil {
-			return true, err
-		}
-	} else if rec.Runtime != runtimeKube {
+	case rec.Runtime != runtimeKube:
 		if g := f.given(); g != "" {
 			return true, codef(ExitUsage, "%s is for a sandbox on Kubernetes, and sandbox %q runs on %s", g, rec.Name, runtimeName(rec.Runtime))
 		}
@@ -136,13 +125,22 @@ func (e *env) kubeRun(name string, f kubeFlags, preset bool, argv []string) (han
 			return true, codef(ExitUsage, "sandbox %q exists and runs on %s; a sandbox keeps its runtime: destroy it first (moat destroy %s), or give another --name", rec.Name, runtimeName(rec.Runtime), rec.Name)
 		}
 		return false, nil
-	} else {
-		if preset {
-			return true, codef(ExitUsage, "presets do not run on Kubernetes yet: the sandbox's policy and credentials are its template's (docs/kubernetes.md); run the agent's command after --")
+	}
+	if preset {
+		return true, codef(ExitUsage, "presets do not run on Kubernetes yet: the sandbox's policy and credentials are its template's (docs/kubernetes.md); run the agent's command after --")
+	}
+	if rec == nil {
+		if name == "" {
+			name = cfg.Sandbox.Name
 		}
-		if err := kubeSame(dir, rec, f); err != nil {
+		if name == "" {
+			name = e.deriveName(ws)
+		}
+		if dir, rec, err = e.kubeCreate(ws, name, f); err != nil {
 			return true, err
 		}
+	} else if err := kubeSame(dir, rec, f); err != nil {
+		return true, err
 	}
 	return true, e.kubeAttach(dir, rec, argv)
 }
