@@ -140,8 +140,7 @@ type daemon struct {
 	gateIDs   gateIDs
 	shim      *shimConn
 	guestGo   chan struct{} // closed once the gate process has started the guest
-	shimReady chan struct{} // closed once d.shim is set, after recorded
-	recorded  chan struct{} // closed once the record says the sandbox starts
+	shimReady chan struct{} // closed once the record says the sandbox starts and d.shim is set
 	goOnce    sync.Once
 	agentUp   sync.Once // the OOM guard starts once the guest agent answers
 	bootOnce  sync.Once
@@ -166,10 +165,9 @@ func Run(o Options) error {
 }
 
 // newDaemon is a daemon before its start: the keeper's, or the gate
-// process's (which never uses guestGo, shimReady and recorded).
+// process's (which never uses guestGo and shimReady).
 func newDaemon(o Options) *daemon {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{}),
-		recorded: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	return d
 }
@@ -309,7 +307,7 @@ func (d *daemon) run() error {
 	// delayed both. Neither can start the guest sooner: the gate process
 	// reads the record after its first call, "handover", and asks for the
 	// guest with "go", and the keeper answers neither before this
-	// (recorded, shimReady).
+	// (shimReady).
 	if err := d.updateRecord(func(r *state.Record) error {
 		r.State, r.StopReason, r.Error = startAs, "", ""
 		r.DaemonPID, r.Started = os.Getpid(), d.started
@@ -317,7 +315,6 @@ func (d *daemon) run() error {
 	}); err != nil {
 		return fail(err)
 	}
-	close(d.recorded)
 	d.shim = shim
 	close(d.shimReady)
 	daemonLog := filepath.Join(d.o.Dir, "daemon.log")

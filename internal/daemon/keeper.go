@@ -338,9 +338,9 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 	case "handover":
 		// The gate process reads the record next, so not before it
 		// says the sandbox starts (run writes it after this process's
-		// start).
+		// start, then closes shimReady).
 		select {
-		case <-d.recorded:
+		case <-d.shimReady:
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		}
