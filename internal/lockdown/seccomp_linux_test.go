@@ -38,7 +38,6 @@ func verdict(t *testing.T, p bpf.Program, arch uint32, nr uintptr, args ...uint6
 
 func TestFilter(t *testing.T) {
 	instrs, err := filterFor(testPID) // what Apply installs
-
 	if err != nil {
 		t.Fatal(err)
 	}
