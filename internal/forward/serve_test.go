@@ -257,3 +257,56 @@ func TestChangeRecord(t *testing.T) {
 		})
 	}
 }
+
+// Reverse cuts a removed forward's open connections, and refuses to hold
+// one whose forward went while the host was dialed: a removed reverse
+// forward leaves nothing of it carrying.
+func TestReverseCutsRemoved(t *testing.T) {
+	r := NewReverse()
+	kept := Entry{Reverse: true, Forward: state.Forward{Host: 15432, Guest: 5432}}
+	gone := Entry{Reverse: true, Forward: state.Forward{Host: 16379, Guest: 6379}}
+	r.Sync([]Entry{kept, gone})
+	if hp, ok := r.Lookup(6379); !ok || hp != 16379 {
+		t.Fatalf("Lookup(6379) = %d, %v; want 16379", hp, ok)
+	}
+	open := func(port uint16) (guest, mine net.Conn, release func()) {
+		t.Helper()
+		guest, mine = net.Pipe()
+		t.Cleanup(func() { guest.Close(); mine.Close() })
+		release, ok := r.Hold(port)(mine)
+		if !ok {
+			t.Fatalf("Hold(%d) refused a connection of a forward in force", port)
+		}
+		return guest, mine, release
+	}
+	keptGuest, _, _ := open(5432)
+	goneGuest, _, _ := open(6379)
+	_, _, released := open(6379)
+	released() // ended on its own: not cut again, nor held
+
+	r.Sync([]Entry{kept})
+	if _, ok := r.Lookup(6379); ok {
+		t.Error("Lookup(6379) after its forward was removed: still open")
+	}
+	goneGuest.SetDeadline(time.Now().Add(5 * time.Second))
+	var ne net.Error
+	if _, err := goneGuest.Read(make([]byte, 1)); err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Errorf("a connection of the removed forward was not cut: %v", err)
+	}
+	keptGuest.SetDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := keptGuest.Read(make([]byte, 1)); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Errorf("a connection of the kept forward: %v, want it open (a timeout)", err)
+	}
+	late, lateMine := net.Pipe()
+	defer late.Close()
+	defer lateMine.Close()
+	if _, ok := r.Hold(6379)(lateMine); ok {
+		t.Error("Hold of a connection to a removed forward: ok")
+	}
+	r.mu.Lock()
+	n := len(r.conns)
+	r.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d connections held, want the kept forward's one", n)
+	}
+}
