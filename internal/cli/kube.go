@@ -44,12 +44,18 @@ type kubeFlags struct {
 	context, namespace, template, gateNamespace, secret string
 }
 
+// kubeFlag is one of kubeFlags, by its name on the command line.
+type kubeFlag struct{ name, val string }
+
+// named lists the flags with their names, in the order errors name them.
+func (f kubeFlags) named() []kubeFlag {
+	return []kubeFlag{{"--context", f.context}, {"--namespace", f.namespace}, {"--template", f.template},
+		{"--gate-namespace", f.gateNamespace}, {"--secret", f.secret}}
+}
+
 // given names the first flag set, for errors ("" when none is).
 func (f kubeFlags) given() string {
-	for _, v := range []struct{ name, val string }{
-		{"--context", f.context}, {"--namespace", f.namespace}, {"--template", f.template}, {"--gate-namespace", f.gateNamespace},
-		{"--secret", f.secret},
-	} {
+	for _, v := range f.named() {
 		if v.val != "" {
 			return v.name
 		}
@@ -188,14 +194,11 @@ func kubeSame(dir string, rec *state.Record, f kubeFlags) error {
 	if err != nil {
 		return err
 	}
-	for _, v := range []struct{ flag, want, have string }{
-		{"--context", f.context, kr.Context}, {"--namespace", f.namespace, kr.Namespace},
-		{"--template", f.template, kr.Template}, {"--gate-namespace", f.gateNamespace, kr.GateNamespace},
-		{"--secret", f.secret, kr.Secret},
-	} {
-		if v.want != "" && v.want != v.have {
+	have := kubeFlags{context: kr.Context, namespace: kr.Namespace, template: kr.Template, gateNamespace: kr.GateNamespace, secret: kr.Secret}.named()
+	for i, v := range f.named() {
+		if v.val != "" && v.val != have[i].val {
 			return codef(ExitUsage, "%s %s: sandbox %q is a claim with %s %q, kept for its life; for another, give another --name, or destroy it first: moat destroy %s",
-				v.flag, v.want, rec.Name, v.flag, v.have, rec.Name)
+				v.name, v.val, rec.Name, v.name, have[i].val, rec.Name)
 		}
 	}
 	return nil
