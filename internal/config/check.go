@@ -135,7 +135,7 @@ func (c *checker) sandbox(r *rawSandbox) SandboxLayer {
 		case "gvisor", "docker", "kubernetes":
 			s.Runtime = r.Runtime
 		case "runc", "vm":
-			c.fail("sandbox.runtime", "runtime %q is not supported yet; remove the line, or write \"gvisor\" or \"docker\"", *r.Runtime)
+			c.fail("sandbox.runtime", "runtime %q is not supported yet; remove the line, or write \"gvisor\", \"docker\" or \"kubernetes\"", *r.Runtime)
 		default:
 			c.fail("sandbox.runtime", "unknown runtime %q; write \"gvisor\" (moat's own sandbox), \"docker\" (containers through the Docker engine; docs/docker.md) or \"kubernetes\" (a claim on a cluster; docs/kubernetes.md)", *r.Runtime)
 		}
