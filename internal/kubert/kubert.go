@@ -186,18 +186,20 @@ func (h Helper) run(ctx context.Context, stdin any, line func([]byte) error, op 
 		}
 		cmd.Stdin = bytes.NewReader(in)
 	}
-	return b.Run(ctx, cmd, op, func(out io.Reader) error {
-		var lerr error
-		sc := bufio.NewScanner(out)
-		sc.Buffer(make([]byte, 64<<10), 4<<20)
-		for sc.Scan() {
-			if line == nil || lerr != nil {
-				continue
+	var read func(io.Reader) error // nil: Run drops what comes
+	if line != nil {
+		read = func(out io.Reader) error {
+			sc := bufio.NewScanner(out)
+			sc.Buffer(make([]byte, 64<<10), 4<<20)
+			for sc.Scan() {
+				if err := line(sc.Bytes()); err != nil {
+					return err // Run drains the rest
+				}
 			}
-			lerr = line(sc.Bytes())
+			return nil
 		}
-		return lerr
-	})
+	}
+	return b.Run(ctx, cmd, op, read)
 }
 
 // Claim takes a sandbox from the template's warm pool and returns its
