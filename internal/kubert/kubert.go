@@ -130,9 +130,13 @@ const (
 	ExitUsage       = 5
 )
 
+// binaryName is moat-kube's name: in messages, and in ErrorPrefix,
+// which helperproc derives from it to find the error lines.
+const binaryName = "moat-kube"
+
 // ErrorPrefix begins each line of moat-kube's error message on stderr;
 // other lines there (progress, warnings) are for the user.
-const ErrorPrefix = "moat-kube: "
+const ErrorPrefix = binaryName + ": "
 
 // ExitCode is the exit code of err's class.
 func ExitCode(err error) int {
@@ -171,7 +175,7 @@ const stopGrace = 10 * time.Second
 // secrets a sandbox's gate swaps in never pass through moat here: they
 // are Kubernetes Secrets the gate reads.
 func (h Helper) bin() helperproc.Binary {
-	return helperproc.Binary{Name: "moat-kube", Path: h.Path, Stderr: h.Stderr, Grace: stopGrace, Classes: classes}
+	return helperproc.Binary{Name: binaryName, Path: h.Path, Stderr: h.Stderr, Grace: stopGrace, Classes: classes}
 }
 
 // run runs op with stdin, hands each stdout line to line (nil: none
