@@ -50,7 +50,7 @@ func TestKubeRunRefuses(t *testing.T) {
 		{what: "--template without the runtime", flags: kubeFlags{template: "t"}, handled: true, code: ExitUsage, say: "--template is for a sandbox on Kubernetes"},
 		{what: "--context without the runtime", flags: kubeFlags{context: "c"}, handled: true, code: ExitUsage, say: "--context"},
 		{what: "no --template for a new one", runtime: runtimeKube, handled: true, code: ExitUsage, say: "--template"},
-		{what: "an unknown runtime, before anything is asked", runtime: "vm", handled: true, code: ExitUsage, say: `--runtime "vm"`},
+		{what: "an unknown runtime, before anything is asked", runtime: "nosuch", handled: true, code: ExitUsage, say: `--runtime "nosuch"`},
 		{what: "the runtime from moat.toml", toml: "[sandbox]\nruntime = \"kubernetes\"\n", handled: true, code: ExitUsage, say: "--template"},
 		{what: "a preset", runtime: runtimeKube, flags: kubeFlags{template: "t"}, preset: true, handled: true, code: ExitUsage, say: "presets"},
 		{what: "a gVisor sandbox by name, with the runtime", name: "gv", runtime: runtimeKube, handled: true, code: ExitUsage, say: "keeps its runtime"},
