@@ -49,7 +49,7 @@ type forwarder struct {
 	rev *forward.Reverse
 	// revErr says why reverse forwards are not served (nil: they are).
 	revErr error
-	wg     sync.WaitGroup // the reverse listener's connections
+	wg     sync.WaitGroup // the reverse listener's accept loop and connections
 }
 
 // entries are the forwards in force: the record's snapshot of the
@@ -280,7 +280,13 @@ func Forward(ctx context.Context, dir string, pid int) error {
 		log.Warn("reverse forwards are not served", "err", err)
 	} else {
 		defer rln.Close()
-		go f.serveReverse(rln)
+		// In wg, so that its Add for each connection comes before the
+		// Wait below, which it outlives only until rln closes.
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			f.serveReverse(rln)
+		}()
 	}
 	sock := dockerrt.ForwardSocket(dir)
 	os.Remove(sock)
