@@ -25,14 +25,7 @@ func limitsOf(r *state.Record) resources.Limits {
 
 // holdsMemory says whether a sandbox in the effective state st counts in
 // admission: its daemon lives and its guest runs or is about to.
-func holdsMemory(st string) bool {
-	switch st {
-	case state.StateStarting, state.StateRunning, state.StateStopping,
-		state.StateSuspending, state.StateResuming:
-		return true
-	}
-	return false
-}
+func holdsMemory(st string) bool { return state.Live(st) }
 
 // admit checks, under the host-wide admission lock, that the sandbox in dir
 // fits next to the running ones (resources.Admit: each counts its

@@ -337,14 +337,22 @@ func DaemonAlive(dir string) bool {
 	return true
 }
 
-// Effective is the state a reader should show: a record that says it is
-// starting, running or stopping while no daemon is alive is crashed.
-func Effective(r *Record, dir string) (state, reason string) {
-	switch r.State {
+// Live says whether a sandbox in state st has a daemon, with a guest
+// that runs or is about to: starting, running, stopping, suspending or
+// resuming.
+func Live(st string) bool {
+	switch st {
 	case StateStarting, StateRunning, StateStopping, StateSuspending, StateResuming:
-		if !DaemonAlive(dir) {
-			return StateCrashed, StopCrash
-		}
+		return true
+	}
+	return false
+}
+
+// Effective is the state a reader should show: a record that says it is
+// Live while no daemon is alive is crashed.
+func Effective(r *Record, dir string) (state, reason string) {
+	if Live(r.State) && !DaemonAlive(dir) {
+		return StateCrashed, StopCrash
 	}
 	return r.State, r.StopReason
 }
