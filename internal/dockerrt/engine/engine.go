@@ -28,6 +28,7 @@ import (
 	"github.com/docker/docker/api/types/filters"
 	"github.com/docker/docker/api/types/image"
 	"github.com/docker/docker/api/types/network"
+	"github.com/docker/docker/api/types/system"
 	"github.com/docker/docker/client"
 	"github.com/docker/docker/pkg/stdcopy"
 
@@ -74,21 +75,23 @@ func (e *Conn) Version(ctx context.Context) (string, string, error) {
 	return v.Version, v.APIVersion, nil
 }
 
-// CheckLocal refuses an engine that is not this host's rootful one.
-func (e *Conn) CheckLocal(ctx context.Context) error {
+// CheckLocal refuses an engine that is not this host's rootful one. It
+// returns what the engine said of itself, so that the caller asks its
+// other questions of that rather than ask the engine again.
+func (e *Conn) CheckLocal(ctx context.Context) (system.Info, error) {
 	if h := e.c.DaemonHost(); !strings.HasPrefix(h, "unix://") {
-		return fmt.Errorf("%w: DOCKER_HOST is %s; moat removes the workload's routes and guards the bridge from this host, so it uses the engine on its unix socket", dockerrt.ErrNotLocal, h)
+		return system.Info{}, fmt.Errorf("%w: DOCKER_HOST is %s; moat removes the workload's routes and guards the bridge from this host, so it uses the engine on its unix socket", dockerrt.ErrNotLocal, h)
 	}
 	info, err := e.c.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("asking the Docker engine about itself: %w", err)
+		return system.Info{}, fmt.Errorf("asking the Docker engine about itself: %w", err)
 	}
 	for _, o := range info.SecurityOptions {
 		if strings.Contains(o, "name=rootless") {
-			return fmt.Errorf("%w: this engine is rootless; its networks live in a namespace of its own that moat does not guard", dockerrt.ErrNotLocal)
+			return system.Info{}, fmt.Errorf("%w: this engine is rootless; its networks live in a namespace of its own that moat does not guard", dockerrt.ErrNotLocal)
 		}
 	}
-	return nil
+	return info, nil
 }
 
 // HasRuntime reports whether the engine has an OCI runtime registered
@@ -102,17 +105,13 @@ func (e *Conn) HasRuntime(ctx context.Context, name string) (bool, error) {
 	return ok, nil
 }
 
-// runtimeKeepsWrites reports whether the engine's runtime name keeps a
-// container's writes in Docker's layer: true but for runsc registered
-// without --overlay2=none, which keeps them in the sandbox, gone at its
-// stop.
-func (e *Conn) runtimeKeepsWrites(ctx context.Context, name string) bool {
+// runtimeKeepsWrites reports whether the engine's runtime name, as info
+// registers it, keeps a container's writes in Docker's layer: true but
+// for runsc registered without --overlay2=none, which keeps them in the
+// sandbox, gone at its stop.
+func runtimeKeepsWrites(info system.Info, name string) bool {
 	if name != "runsc" {
 		return true
-	}
-	info, err := e.c.Info(ctx)
-	if err != nil {
-		return true // not known: no warning rather than a wrong one
 	}
 	for _, a := range info.Runtimes[name].Args {
 		if a == "--overlay2=none" {

@@ -140,12 +140,13 @@ func up(ctx context.Context, e *Conn, o dockerrt.Options) (*dockerrt.Record, err
 		// A workload just restarted may not be listening yet.
 		return r, waitAgent(ctx, netip.AddrPortFrom(r.WorkloadIP, 22))
 	}
-	if err := e.CheckLocal(ctx); err != nil {
+	info, err := e.CheckLocal(ctx)
+	if err != nil {
 		return nil, err
 	}
 	if r.Runtime != "runsc" {
 		fmt.Fprintf(o.Warn, "moat: sandbox %q runs on Docker with runc: the workload shares the host's kernel; register runsc with Docker for gVisor's (see: moat doctor)\n", r.Name)
-	} else if !e.runtimeKeepsWrites(ctx, r.Runtime) {
+	} else if !runtimeKeepsWrites(info, r.Runtime) {
 		fmt.Fprintf(o.Warn, "moat: sandbox %q: Docker's runsc is registered without --overlay2=none, so what the workload writes outside the workspace is gone when it stops; register it as moat doctor says\n", r.Name)
 	}
 	// Stopped containers (a host reboot, a gate that died) start again
