@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -65,12 +66,15 @@ func TestClaimToFirstOutput(t *testing.T) {
 	}
 }
 
-// makeUngated makes template and pool "plain": the same client, no
-// policy annotation, the cluster's own DNS settings: what agent-sandbox
-// gives without the gate.
+var ungatedOnce sync.Once
+var ungatedErr error
+
+// makeUngated makes template and pool "plain", once for the tests that
+// share it: the same client, no policy annotation, the cluster's own DNS
+// settings: what agent-sandbox gives without the gate.
 func (e *env) makeUngated(ctx context.Context) error {
-	k := sandboxKind{name: "plain"}
-	return e.makeKindWith(ctx, k, 1, false)
+	ungatedOnce.Do(func() { ungatedErr = e.makeKindWith(ctx, sandboxKind{name: "plain"}, 1, false) })
+	return ungatedErr
 }
 
 func (e *env) waitPool(ctx context.Context, name string) error {
@@ -91,7 +95,7 @@ func (e *env) waitPool(ctx context.Context, name string) error {
 func TestGateOverhead(t *testing.T) {
 	e := kinds(t)
 	ctx := context.Background()
-	if err := e.makeUngated(ctx); err != nil && !strings.Contains(err.Error(), "already exists") {
+	if err := e.makeUngated(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const n = "200"
@@ -130,7 +134,7 @@ func TestGateOverhead(t *testing.T) {
 func TestCLIClaimToFirstOutput(t *testing.T) {
 	e := kinds(t)
 	ctx := context.Background()
-	if err := e.makeUngated(ctx); err != nil && !strings.Contains(err.Error(), "already exists") {
+	if err := e.makeUngated(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c := newCLI(t)
