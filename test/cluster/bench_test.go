@@ -14,6 +14,15 @@ import (
 	"moat.dev/moat/internal/gateserve"
 )
 
+// firstOutputTargets are the claim-to-output benchmark's two kinds, for
+// the API's figures and the CLI's alike: through the gate (template
+// beta, its name resolved by the gate) and without it (template plain,
+// the upstream's address directly).
+var firstOutputTargets = []struct{ pool, url string }{
+	{"beta", "http://beta.moat.test/first"},
+	{"plain", "http://" + nodeAddr + "/first"},
+}
+
 // TestClaimToFirstOutput measures the claim-to-output benchmark (docs/kubernetes.md): from creating a
 // claim on a warm pool to the first output of a command in the sandbox
 // that fetches a page, through the gate (template beta: DNS and HTTP
@@ -31,10 +40,7 @@ func TestClaimToFirstOutput(t *testing.T) {
 	type sample struct{ claim, first time.Duration }
 	got := map[string][]sample{}
 	for i := range rounds {
-		for _, v := range []struct{ pool, url string }{
-			{"beta", "http://beta.moat.test/first"},
-			{"plain", "http://" + nodeAddr + "/first"},
-		} {
+		for _, v := range firstOutputTargets {
 			if err := e.waitPool(ctx, v.pool); err != nil {
 				t.Fatal(err)
 			}
@@ -141,10 +147,7 @@ func TestCLIClaimToFirstOutput(t *testing.T) {
 	const rounds = 3
 	got := map[string][]time.Duration{}
 	for i := range rounds {
-		for _, v := range []struct{ pool, url string }{
-			{"beta", "http://beta.moat.test/first"},
-			{"plain", "http://" + nodeAddr + "/first"},
-		} {
+		for _, v := range firstOutputTargets {
 			if err := e.waitPool(ctx, v.pool); err != nil {
 				t.Fatal(err)
 			}
