@@ -86,25 +86,38 @@ type result struct {
 	took           time.Duration
 }
 
+// command is moat with args as the test's user runs it: in the
+// workspace, with the test's MOAT_HOME and the cluster's kubeconfig.
+func (c *cli) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, c.bin, args...)
+	cmd.Dir = c.ws
+	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	return cmd
+}
+
+// exitCode is moat's exit code from cmd.Wait's err; any other failure
+// (moat could not start, or was killed) ends the test.
+func exitCode(t *testing.T, err error, args []string) int {
+	t.Helper()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("moat %q: %v", args, err)
+	}
+	return 0
+}
+
 func (c *cli) run(t *testing.T, stdin string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, args...)
-	cmd.Dir = c.ws
-	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	cmd := c.command(ctx, args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	t0 := time.Now()
 	err := cmd.Run()
-	r := result{stdout: out.String(), stderr: errb.String(), took: time.Since(t0)}
-	if ee, ok := err.(*exec.ExitError); ok {
-		r.code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("moat %q: %v", args, err)
-	}
-	return r
+	return result{stdout: out.String(), stderr: errb.String(), took: time.Since(t0), code: exitCode(t, err, args)}
 }
 
 // runPTY runs moat on a terminal of rows x cols, and returns what it
@@ -113,9 +126,7 @@ func (c *cli) runPTY(t *testing.T, rows, cols uint16, args ...string) (string, i
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, c.bin, args...)
-	cmd.Dir = c.ws
-	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	cmd := c.command(ctx, args...)
 	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
 		t.Fatal(err)
@@ -127,22 +138,14 @@ func (c *cli) runPTY(t *testing.T, rows, cols uint16, args ...string) (string, i
 	err = cmd.Wait()
 	f.Close()
 	<-done
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatalf("moat %q on a terminal: %v", args, err)
-	}
-	return out.String(), code
+	return out.String(), exitCode(t, err, args)
 }
 
 // followAudit runs moat network audit NAME -f until it prints a line
 // with want, then interrupts it, which must end it at once.
 func (c *cli) followAudit(t *testing.T, name, want string) {
 	t.Helper()
-	cmd := exec.Command(c.bin, "network", "audit", name, "-f")
-	cmd.Dir = c.ws
-	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	cmd := c.command(context.Background(), "network", "audit", name, "-f")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -418,9 +421,7 @@ func TestCLIInterruptedClaim(t *testing.T) {
 		e.ext.ExtensionsV1beta1().SandboxTemplates(e.sbNS).Delete(ctx, "never-ready", metav1.DeleteOptions{})
 	})
 	c := newCLI(t)
-	cmd := exec.Command(c.bin, "run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", "never-ready", "--name", "stuck", "--", "/client", "say", "x", "", "0")
-	cmd.Dir = c.ws
-	cmd.Env = append(os.Environ(), "MOAT_HOME="+c.home, "KUBECONFIG="+c.kubeconfig)
+	cmd := c.command(context.Background(), "run", "--runtime", "kubernetes", "--namespace", e.sbNS, "--template", "never-ready", "--name", "stuck", "--", "/client", "say", "x", "", "0")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	var errb bytes.Buffer
 	cmd.Stderr = &errb
