@@ -198,6 +198,20 @@ func (g *gateEnv) up(t *testing.T) {
 	t.Logf("sandbox %s up in %v", g.name, time.Since(start).Round(time.Millisecond))
 }
 
+// settleDiscovery waits until the host's tools have said which package repositories they use.
+// Until then the first connection no rule decides waits for them, up to 5 s, before it is
+// refused (daemon.settling); the tools run at the lowest CPU priority, so on a loaded host they
+// can take longer than that. One such connection, with a long timeout, does the waiting here,
+// so that the checks after it time refusals, not the host's tools.
+func (g *gateEnv) settleDiscovery(t *testing.T) {
+	t.Helper()
+	p := g.probes(t, pr("tcp", "-timeout", "30s", evilIP+":2222"))
+	if p[0].OK {
+		t.Fatalf("a connection to the attacker's address went through: %v", p[0])
+	}
+	t.Logf("the first refusal, after the host's tools: %v", p[0])
+}
+
 func (g *gateEnv) daemonLog() string {
 	b, _ := os.ReadFile(filepath.Join(g.state, "daemon.log"))
 	return "daemon.log:\n" + gateTail(string(b), 30)
@@ -352,6 +366,7 @@ func TestGate(t *testing.T) {
 	g := newGateEnv(t, n, "gate-e2e", gateToml)
 	g.startServers(t)
 	g.up(t)
+	g.settleDiscovery(t)
 
 	for _, st := range []struct {
 		name string

@@ -35,6 +35,31 @@ func (p *ptyReader) waitFor(t *testing.T, want string, within time.Duration) {
 	t.Fatalf("terminal never showed %q; it showed:\n%s", want, p.buf.String())
 }
 
+// sendUntil writes send to the terminal f, again every second, until out shows want, for at
+// most within. For what a loaded host may let race: a window change that reaches the guest
+// after the command that reads the size, a Ctrl-C typed before the command it is meant for
+// started.
+func (p *ptyReader) sendUntil(t *testing.T, f *os.File, send []byte, want string, within time.Duration) {
+	t.Helper()
+	shows := func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return strings.Contains(p.buf.String(), want)
+	}
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		f.Write(send)
+		for next := time.Now().Add(time.Second); time.Now().Before(next); time.Sleep(20 * time.Millisecond) {
+			if shows() {
+				return
+			}
+		}
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	t.Fatalf("terminal never showed %q within %v; it showed:\n%s", want, within, p.buf.String())
+}
+
 // startPTY starts cmd on a new terminal of the given size and collects
 // what the terminal shows.
 func startPTY(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (*os.File, *ptyReader) {
@@ -72,19 +97,13 @@ func TestShellThroughPTY(t *testing.T) {
 	if err := pty.Setsize(f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	f.Write([]byte("stty size | sed 's/^/SIZE=/'\n"))
-	out.waitFor(t, "SIZE=40 100", 10*time.Second)
-	start := time.Now()
+	out.sendUntil(t, f, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
+	// Ctrl-C interrupts sleep in the guest, not the session. Had it not,
+	// the echo typed after it would run when sleep ends, 30 s later, past
+	// sendUntil's bound.
 	f.Write([]byte("sleep 30\n"))
 	time.Sleep(500 * time.Millisecond)
-	f.Write([]byte{3})                 // Ctrl-C: interrupts sleep in the guest, not the session
-	time.Sleep(500 * time.Millisecond) // let the guest shell redraw its prompt
-	f.Write([]byte("echo ALIVE-$((40+2))\n"))
-	out.waitFor(t, "ALIVE-42", 10*time.Second)
-	if time.Since(start) > 20*time.Second {
-		t.Fatal("Ctrl-C did not interrupt sleep")
-	}
+	out.sendUntil(t, f, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
 	f.Write([]byte("exit 3\n"))
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

@@ -149,15 +149,12 @@ func TestRootlessMoat(t *testing.T) {
 		if err := pty.Setsize(term.f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(300 * time.Millisecond)
-		term.f.Write([]byte("stty size | sed 's/^/SIZE=/'\n"))
-		term.waitFor(t, "SIZE=40 100", 10*time.Second)
+		term.sendUntil(t, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
+		// Had Ctrl-C not interrupted sleep, the echo typed after it would
+		// run when sleep ends, 30 s later, past sendUntil's bound.
 		term.f.Write([]byte("sleep 30\n"))
 		time.Sleep(500 * time.Millisecond)
-		term.f.Write([]byte{3})
-		time.Sleep(300 * time.Millisecond)
-		term.f.Write([]byte("echo ALIVE-$((40+2))\n"))
-		term.waitFor(t, "ALIVE-42", 10*time.Second)
+		term.sendUntil(t, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
 		term.f.Write([]byte("exit 3\n"))
 		select {
 		case err := <-done:

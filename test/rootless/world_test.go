@@ -239,6 +239,23 @@ func (term *terminal) waitFor(t *testing.T, want string, within time.Duration) {
 	t.Fatalf("the terminal never showed %q within %v; it showed:\n%s", want, within, term.shown())
 }
 
+// sendUntil writes send to the terminal, again every second, until it shows want, for at most
+// within. For what a loaded host may let race: a window change that reaches the guest after
+// the command that reads the size, a Ctrl-C typed before the command it is meant for started.
+func (term *terminal) sendUntil(t *testing.T, send []byte, want string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		term.f.Write(send)
+		for next := time.Now().Add(time.Second); time.Now().Before(next); time.Sleep(20 * time.Millisecond) {
+			if strings.Contains(term.shown(), want) {
+				return
+			}
+		}
+	}
+	t.Fatalf("the terminal never showed %q within %v; it showed:\n%s", want, within, term.shown())
+}
+
 func (term *terminal) shown() string {
 	term.mu.Lock()
 	defer term.mu.Unlock()
