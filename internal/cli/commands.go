@@ -61,7 +61,7 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 	if rec.Runtime == runtimeDocker {
 		sessEnv = withDockerPlaceholders(dir, sessEnv)
 	}
-	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
+	tty := sessionTTY(argv)
 	// The ledger's times are the daemon's, on this host's clock.
 	start := time.Now()
 	code, err := session.Run(ctx, c, session.Options{
@@ -76,6 +76,13 @@ func (e *env) attachEnv(dir string, argv []string, workdir string, sessEnv map[s
 		return commandExit(code)
 	}
 	return nil
+}
+
+// sessionTTY reports whether a session of argv (nil: a shell) gets a
+// terminal: when moat's stdin is one and, for a command, its stdout too,
+// so that a command's output piped on the host stays plain.
+func sessionTTY(argv []string) bool {
+	return term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
 }
 
 // sessionDir is where a session started from the host's cwd begins: the

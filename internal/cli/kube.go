@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-	"golang.org/x/term"
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/config"
@@ -262,7 +261,7 @@ func (e *env) kubeAttach(dir string, rec *state.Record, argv []string) error {
 	if err != nil {
 		return withCode(ExitRun, err)
 	}
-	tty := term.IsTerminal(int(os.Stdin.Fd())) && (len(argv) == 0 || term.IsTerminal(int(os.Stdout.Fd())))
+	tty := sessionTTY(argv)
 	if len(argv) == 0 {
 		argv = []string{"/bin/sh"}
 	}
