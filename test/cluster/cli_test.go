@@ -307,23 +307,15 @@ func TestCLIRun(t *testing.T) {
 	if !strings.Contains(r.stdout, "status=200") || strings.Contains(r.stdout, e.token) {
 		t.Errorf("allowed host: %q (stderr %q); want status 200 and not the real value", r.stdout, r.stderr)
 	}
-	swapped := false
-	for _, s := range e.up.seenBy("alpha.moat.test") {
-		if s.path == "/cli" && s.auth == "Bearer "+e.token {
-			swapped = true
-		}
-	}
-	if !swapped {
+	if !e.up.saw("alpha.moat.test", "/cli", "Bearer "+e.token) {
 		t.Errorf("the upstream never got /cli with the real value: %+v", e.up.seenBy("alpha.moat.test"))
 	}
 	r = c.run(t, "", "exec", "c1", "--", "/client", "get", "https://beta.moat.test/cli-denied")
 	if !strings.Contains(r.stdout, "status=403") {
 		t.Errorf("denied host: %q (stderr %q); want the gate's 403", r.stdout, r.stderr)
 	}
-	for _, s := range e.up.seenBy("beta.moat.test") {
-		if s.path == "/cli-denied" {
-			t.Errorf("the denied request reached the upstream")
-		}
+	if e.up.saw("beta.moat.test", "/cli-denied", "") {
+		t.Errorf("the denied request reached the upstream")
 	}
 
 	// The gate's audit follower polls its file; its log is read through
@@ -497,11 +489,7 @@ func TestCLISecretFlag(t *testing.T) {
 				t.Errorf("another --secret for the claim: exit %d %q; want 2 naming it", r.code, r.stderr)
 			}
 		}
-		got := false
-		for _, s := range e.up.seenBy("alpha.moat.test") {
-			got = got || (s.path == "/"+tc.name && s.auth == "Bearer "+e.token)
-		}
-		if got != (tc.secret != nil) {
+		if got := e.up.saw("alpha.moat.test", "/"+tc.name, "Bearer "+e.token); got != (tc.secret != nil) {
 			t.Errorf("%s: the upstream got the real value: %v", tc.name, got)
 		}
 		if r := c.run(t, "", "destroy", tc.name, "--yes"); r.code != 0 {

@@ -455,6 +455,17 @@ func (u *upstream) seenBy(host string) []seen {
 	return out
 }
 
+// saw reports whether host got a request for path, with the
+// Authorization auth when auth is not "".
+func (u *upstream) saw(host, path, auth string) bool {
+	for _, s := range u.seenBy(host) {
+		if s.path == path && (auth == "" || s.auth == auth) {
+			return true
+		}
+	}
+	return false
+}
+
 func startUpstream() (*upstream, error) {
 	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	caTpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "moat cluster test upstream CA"},
