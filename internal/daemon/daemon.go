@@ -107,6 +107,7 @@ type daemon struct {
 	fwd     *forwards      // port forwards (forward.go); nil until the stack runs
 	sess    idleGate       // attached sessions, and the idle stop's word
 	signs   signGrants     // keys a watcher let sign for this run
+	tools   hostTools      // the host's package tools, asked for discovery (network.go)
 	shimPID atomic.Int64
 	started time.Time
 

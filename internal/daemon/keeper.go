@@ -437,6 +437,9 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		return d.loadList(ctx, r)
 	case "discover":
 		return d.discover(ctx), nil, nil
+	case "hurry":
+		d.tools.hurry()
+		return nil, nil, nil
 	case "secret":
 		var r secretRequest
 		if err := json.Unmarshal(body, &r); err != nil {
@@ -590,7 +593,7 @@ func (d *daemon) discover(ctx context.Context) []discoveredRule {
 		return nil
 	}
 	var out []discoveredRule
-	for _, r := range discoverHost(ctx) {
+	for _, r := range d.tools.discover(ctx) {
 		out = append(out, discoveredRule{Entry: r.Entry, Source: r.Source})
 	}
 	return out

@@ -225,6 +225,9 @@ type network struct {
 	// (settling). Nil when the host's tools are not asked.
 	settled  chan struct{}
 	discover func()
+	// hurry, once a connection waits for the host's tools, gives them
+	// the usual CPU priority (hostTools.hurry).
+	hurry func()
 	// late is set when a connection waited discoveryWait for the tools
 	// in vain: later ones no longer wait for them.
 	late atomic.Bool
@@ -258,6 +261,9 @@ func (n *network) settling(ctx context.Context) bool {
 		return false
 	}
 	n.discover()
+	if n.hurry != nil {
+		n.hurry()
+	}
 	t := time.NewTimer(discoveryWait)
 	defer t.Stop()
 	select {
@@ -343,6 +349,21 @@ func (d *daemon) startNetwork(ctx context.Context) (*network, error) {
 				})
 			})
 		}
+		// A connection that waits for the tools raises their priority.
+		var hurryOnce sync.Once
+		n.hurry = func() {
+			hurryOnce.Do(func() {
+				if d.keeper == nil {
+					d.tools.hurry()
+					return
+				}
+				d.tasks.Go("hurrying the host's tools", func() {
+					if _, err := d.keeper.call(ctx, "hurry", nil, nil); err != nil {
+						d.log.Warn("asking the keeper to hurry the host's tools", "err", err)
+					}
+				})
+			})
+		}
 		d.tasks.Go("discovery's delay", func() {
 			select {
 			case <-d.booted:
@@ -392,13 +413,13 @@ func (n *network) recompile() error {
 	return nil
 }
 
-// discoverHost adds what the host's tools say (discoverHost, run by the
+// discoverHost adds what the host's tools say (hostTools, run by the
 // keeper: the gate process's jail runs no program) to the discovered
 // layer.
 func (n *network) discoverHost(ctx context.Context, d *daemon) {
 	var found []policy.Rule
 	if d.keeper == nil {
-		found = discoverHost(ctx)
+		found = d.tools.discover(ctx)
 	} else {
 		var rs []discoveredRule
 		if _, err := d.keeper.call(ctx, "discover", nil, &rs); err != nil {
@@ -423,28 +444,65 @@ func (n *network) discoverHost(ctx context.Context, d *daemon) {
 	}
 }
 
-// discoverHost runs the host's package tools (go env, npm config) at the
-// lowest CPU priority, each bounded in time, and returns the
-// repositories they name.
-func discoverHost(ctx context.Context) []policy.Rule {
-	run := func(name string, args ...string) (string, error) {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		var out strings.Builder
-		cmd := exec.CommandContext(cctx, name, args...)
-		cmd.Stdout = &out
-		// A daemon that stops (or is killed) while a tool still runs
-		// takes it along; cancelling cctx alone left it running on its
-		// own when the daemon exited first.
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			return "", err
-		}
-		unix.Setpriority(unix.PRIO_PROCESS, cmd.Process.Pid, 19)
-		err := cmd.Wait()
-		return out.String(), err
+// hostTools runs the host's package tools (go env, npm config) for
+// discovery, each bounded in time, at the lowest CPU priority until a
+// connection waits for their answer (hurry): on a busy host a tool at
+// that priority may not run for seconds, and a connection's wait is
+// bounded by discoveryWait, not by them.
+type hostTools struct {
+	mu      sync.Mutex
+	hurried bool
+	running map[int]bool // the tools' pids while they run
+}
+
+// discover asks the host's tools which package repositories they use.
+func (h *hostTools) discover(ctx context.Context) []policy.Rule {
+	return policy.Discover("/", func(name string, args ...string) (string, error) {
+		return h.run(ctx, name, args...)
+	}, os.Getenv)
+}
+
+// run runs one tool and returns its output.
+func (h *hostTools) run(ctx context.Context, name string, args ...string) (string, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	var out strings.Builder
+	cmd := exec.CommandContext(cctx, name, args...)
+	cmd.Stdout = &out
+	// A daemon that stops (or is killed) while a tool still runs
+	// takes it along; cancelling cctx alone left it running on its
+	// own when the daemon exited first.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return "", err
 	}
-	return policy.Discover("/", run, os.Getenv)
+	pid := cmd.Process.Pid
+	h.mu.Lock()
+	if !h.hurried {
+		unix.Setpriority(unix.PRIO_PROCESS, pid, 19)
+	}
+	if h.running == nil {
+		h.running = map[int]bool{}
+	}
+	h.running[pid] = true
+	h.mu.Unlock()
+	err := cmd.Wait()
+	h.mu.Lock()
+	delete(h.running, pid)
+	h.mu.Unlock()
+	return out.String(), err
+}
+
+// hurry gives the tools running now, and those to come, the usual CPU
+// priority. Unprivileged (rootless), a process cannot raise a priority
+// it lowered: the tools then stay at the lowest.
+func (h *hostTools) hurry() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hurried = true
+	for pid := range h.running {
+		unix.Setpriority(unix.PRIO_PROCESS, pid, 0)
+	}
 }
 
 func mergeRules(a, b []policy.Rule) []policy.Rule {
