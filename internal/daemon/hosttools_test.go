@@ -63,7 +63,9 @@ func TestHostToolsHurry(t *testing.T) {
 			}
 		}
 	}()
-	h := &hostTools{}
+	// The keeper's tools, hurried by the gate process's call.
+	d := &daemon{}
+	h := &d.tools
 	run := func() {
 		h.run(ctx, "sleep", "30")
 		done <- struct{}{}
@@ -73,7 +75,9 @@ func TestHostToolsHurry(t *testing.T) {
 	if n := niceOf(t, first); n != 19 {
 		t.Errorf("a tool before any connection waits for it: nice %d, want 19 (the lowest priority)", n)
 	}
-	h.hurry()
+	if _, _, err := d.serveGate(context.Background(), "hurry", nil); err != nil {
+		t.Fatalf("the keeper's hurry: %v", err)
+	}
 	if n := niceOf(t, first); n != 0 {
 		t.Errorf("the running tool after hurry: nice %d, want 0", n)
 	}

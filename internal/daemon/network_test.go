@@ -110,12 +110,20 @@ func TestSettling(t *testing.T) {
 			go func() { time.Sleep(20 * time.Millisecond); close(n.settled) }()
 		}
 	}
+	hurried := 0
+	n.hurry = func() { hurried++ }
 	if !n.settling(context.Background()) || asked != 1 {
 		t.Fatalf("tools answering: settling did not wait for them (asked %d times)", asked)
+	}
+	if hurried != 1 {
+		t.Errorf("a connection that waited for the tools hurried them %d times, want 1", hurried)
 	}
 	start := time.Now()
 	if n.settling(context.Background()) || time.Since(start) > 50*time.Millisecond {
 		t.Fatal("after the tools answered: settling still waited")
+	}
+	if hurried != 1 {
+		t.Errorf("after the tools answered: hurried %d times, want still 1", hurried)
 	}
 
 	// Tools that hang: the first connection waits discoveryWait, the next not at all.
