@@ -34,9 +34,11 @@ const usage = `Usage: moat-gate serve --config FILE
        moat-gate version
 
 Run the gate service described by FILE (TOML; see docs/gate-service.md) until
-SIGTERM or SIGINT. It must start as root: it binds its ports, reads its CA,
-policies and secrets, then drops to service.uid in a jail. SIGHUP reloads each
-tenant's rules and secrets without dropping open connections.
+SIGTERM or SIGINT, which stop it accepting and give the HTTP and TLS
+connections it holds up to 5 s to finish. It must start as root: it binds its
+ports, reads its CA, policies and secrets, then drops to service.uid in a jail.
+SIGHUP reloads each tenant's rules and secrets without dropping open
+connections.
 
 The CA's certificate (public part) is written to service.ca_cert for clients
 to trust. Logs go to stderr as JSON lines; decisions go to each tenant's audit

@@ -498,6 +498,7 @@ policy = [%[6]q]
 		c2.Close()
 	}
 
+	conn.Close() // else the stop waits out the drain for it
 	stop()
 	stopped = true
 	if out, _ := exec.Command("ip", "route", "show", "table", "local", names.String()).Output(); len(strings.TrimSpace(string(out))) > 0 {

@@ -181,7 +181,17 @@ type Options struct {
 	// Kube overrides the clients [kubernetes] makes from its kubeconfig
 	// or the pod's ServiceAccount (tests).
 	Kube *KubeClients
+	// Drain is how long the connections open when Serve's context ends
+	// may go on (tests). 0: DrainTimeout.
+	Drain time.Duration
 }
+
+// DrainTimeout is how long a stopping service lets the connections it
+// holds finish: a request already sent upstream gets its answer back, so
+// a client is not told a request failed that the upstream carried out.
+// Under the parent's own 10 s before it kills the jailed child, and the
+// DaemonSet's grace period.
+const DrainTimeout = 5 * time.Second
 
 // Service is a running gate service.
 type Service struct {
@@ -195,7 +205,8 @@ type Service struct {
 	unknown  *audit.Log // clients that are no tenant's
 	metrics  *metrics
 	started  time.Time
-	reloadMu sync.Mutex // one reload or push at a time
+	drain    time.Duration // Options.Drain
+	reloadMu sync.Mutex    // one reload or push at a time
 	// pushed is each tenant's secret values pushed over the control
 	// socket (control.go), by tenant and secret: in memory only.
 	pushed map[string]map[string][]byte
@@ -286,7 +297,10 @@ const defaultMaxDNSQueries = 256
 // jail; a reload reads again only what the jail keeps (Binds).
 func New(o Options) (*Service, error) {
 	cfg := o.Config
-	s := &Service{cfg: cfg, l: o.Listeners, log: o.Log, roots: o.SystemRoots, host: o.HostAddrs, started: time.Now()}
+	s := &Service{cfg: cfg, l: o.Listeners, log: o.Log, roots: o.SystemRoots, host: o.HostAddrs, started: time.Now(), drain: o.Drain}
+	if s.drain <= 0 {
+		s.drain = DrainTimeout
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -433,51 +447,66 @@ func (s *Service) closeTenants(ts []*tenant) {
 	}
 }
 
-// Serve serves every listener until ctx ends, then closes them and the
-// audit logs. Connections open at that moment are cut.
+// Serve serves every listener until ctx ends. Then it closes them and
+// lets the HTTP and TLS connections open at that moment finish, for up to
+// Options.Drain, before it cuts what is left (DNS over TCP is cut at
+// once: a client asks again) and closes the audit logs.
 func (s *Service) Serve(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	run := func(fn func()) {
+	// conns outlives ctx by the drain: the connections being served, and
+	// the Kubernetes source that keeps their tenants current meanwhile.
+	conns, cut := context.WithCancel(context.WithoutCancel(ctx))
+	defer cut()
+	var wg, draining sync.WaitGroup
+	run := func(wg *sync.WaitGroup, fn func()) {
 		wg.Add(1)
 		go func() { defer wg.Done(); fn() }()
 	}
 	for i, u := range s.l.DNSUDP {
 		front := s.front(s.cfg.DNS[i])
-		run(func() { s.serveDNSUDP(ctx, u, front) })
+		run(&wg, func() { s.serveDNSUDP(ctx, u, front) })
 	}
 	for i, t := range s.l.DNSTCP {
 		front := s.front(s.cfg.DNS[i])
-		run(func() {
+		run(&wg, func() {
 			s.accept(ctx, t, func(c net.Conn, tn *tenant) { tn.gate.DNS().ServeTCPAt(ctx, c, front) }, "dns")
 		})
 	}
 	for _, t := range append(slices.Clone(s.l.HTTP), s.l.HTTPS...) {
-		run(func() { s.accept(ctx, t, func(c net.Conn, tn *tenant) { s.handleTCP(ctx, c, tn, true) }, "tcp") })
+		run(&draining, func() { s.accept(conns, t, func(c net.Conn, tn *tenant) { s.handleTCP(conns, c, tn, true) }, "tcp") })
 	}
 	if s.l.Names != nil {
-		run(func() {
-			s.accept(ctx, s.l.Names, func(c net.Conn, tn *tenant) {
+		run(&draining, func() {
+			s.accept(conns, s.l.Names, func(c net.Conn, tn *tenant) {
 				if !s.cfg.Names.Contains(addrPortOf(c.LocalAddr()).Addr()) {
 					reset(c) // the listener's own address, dialed on the host
 					return
 				}
-				s.handleTCP(ctx, c, tn, false)
+				s.handleTCP(conns, c, tn, false)
 			}, "tcp")
 		})
 	}
 	if s.l.Metrics != nil {
-		run(func() { s.serveMetrics(ctx, s.l.Metrics) })
+		run(&wg, func() { s.serveMetrics(ctx, s.l.Metrics) })
 	}
 	if s.l.Control != nil {
-		run(func() { s.serveControl(ctx, s.l.Control) })
+		run(&wg, func() { s.serveControl(ctx, s.l.Control) })
 	}
 	if s.kube != nil {
-		run(func() { s.kube.run(ctx) })
+		run(&wg, func() { s.kube.run(conns) })
 	}
 	<-ctx.Done()
-	s.l.Close()
+	s.l.Close() // nothing new is accepted; accept returns once its connections end
+	drained := make(chan struct{})
+	go func() { draining.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(s.drain):
+		s.log.Warn("gate service: connections still open after the drain are cut", "drain", s.drain)
+	}
+	cut()
+	draining.Wait()
 	wg.Wait()
 	tt := s.tenants.Load()
 	for _, t := range tt.byName {

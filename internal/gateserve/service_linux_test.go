@@ -44,6 +44,12 @@ type fixture struct {
 	other, denied  *inet.Server
 	betaSrv        *inet.Server
 	metadataServed *inet.Server
+	// slow gets each request to /slow as it arrives; the upstream answers
+	// it after the query's d (at most 30 s).
+	slow chan string
+	// stop ends Serve's context and waits for it to return (at most
+	// 10 s); the test's cleanup calls it too.
+	stop func()
 }
 
 const alphaRules = `
@@ -67,11 +73,23 @@ inspect = true
 trust = ["%[1]s"]
 `
 
-func start(t *testing.T) *fixture {
+func start(t *testing.T, opts ...func(*Options)) *fixture {
 	n := inet.Start(t) // skips without root
-	f := &fixture{n: n, logs: &syncBuffer{}}
+	f := &fixture{n: n, logs: &syncBuffer{}, slow: make(chan string, 16)}
 	mux := http.NewServeMux()
 	mux.Handle("/events", inet.SSE(5, 300*time.Millisecond))
+	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {
+		d, _ := time.ParseDuration(r.URL.Query().Get("d"))
+		select {
+		case f.slow <- r.URL.RequestURI():
+		default:
+		}
+		select {
+		case <-time.After(min(d, 30*time.Second)):
+			fmt.Fprintf(w, "slow %s\n", r.URL.RequestURI())
+		case <-r.Context().Done():
+		}
+	})
 	mux.Handle("/", inet.Echo())
 	for _, h := range []struct {
 		name, ip string
@@ -131,7 +149,11 @@ policy = ["%[1]s/beta.toml"]
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := New(Options{Config: cfg, Listeners: ls, Log: slog.New(slog.NewJSONHandler(f.logs, nil))})
+	o := Options{Config: cfg, Listeners: ls, Log: slog.New(slog.NewJSONHandler(f.logs, nil))}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	svc, err := New(o)
 	if err != nil {
 		ls.Close()
 		t.Fatal(err)
@@ -146,14 +168,15 @@ policy = ["%[1]s/beta.toml"]
 		pprof.Do(ctx, pprof.Labels("moat", "service"), func(ctx context.Context) { svc.Serve(ctx) })
 		close(done)
 	}()
-	t.Cleanup(func() {
+	f.stop = func() {
 		cancel()
 		select {
 		case <-done:
 		case <-time.After(10 * time.Second):
 			t.Error("the service did not stop within 10 s")
 		}
-	})
+	}
+	t.Cleanup(f.stop)
 
 	// What a client is handed: the CA's certificate and the placeholders.
 	pem, err := os.ReadFile(cfg.CACert)
