@@ -76,7 +76,16 @@ fi
 echo "test.sh: the cluster tier: $(( $(date +%s) - cstart )) s" >&2
 grep -E -B1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
 if [ "$rc" -ne 0 ]; then
-	grep -E -B1 -A40 '^\s*--- FAIL|^panic:|\[build failed\]' "$log" | head -400 || true
+	# Each failed test's own output, from its "=== RUN" to its "--- FAIL"
+	# (where go test -v puts the reasons), at most its last 150 lines;
+	# then panics and build failures.
+	awk '/^=== RUN   [^\/]+$/ { n = 0; name = $3 }
+		{ buf[n++ % 150] = $0 }
+		/^--- FAIL: / && $3 == name {
+			for (i = (n > 150 ? n - 150 : 0); i < n; i++) print buf[i % 150]
+			n = 0
+		}' "$log" | head -1200 || true
+	grep -E -A40 '^panic:|\[build failed\]' "$log" | head -200 || true
 fi
 grep -E '^(ok|FAIL|\?) ' "$log" || true
 exit "$rc"
