@@ -99,6 +99,7 @@ func TestGateUnderLoad(t *testing.T) {
 		Closed   int      `json:"closed"`
 		CloseP50 int      `json:"close_p50_ms"`
 		CloseMax int      `json:"close_max_ms"`
+		DialMax  int      `json:"dial_max_ms"`
 		Replies  []string `json:"replies"`
 		Sent     int64    `json:"sent"`
 		FirstErr string   `json:"first_err"`
@@ -114,8 +115,8 @@ func TestGateUnderLoad(t *testing.T) {
 		"bighead": {bighead, refuseBound}, "bighello": {bighello, refuseBound},
 	} {
 		k := kinds[kind]
-		t.Logf("%-8s opened %d of %d, closed by the gate %d, after p50 %d ms max %d ms; %d bytes sent; replies %q %s",
-			kind, k.Opened, want.n, k.Closed, k.CloseP50, k.CloseMax, k.Sent, k.Replies, k.FirstErr)
+		t.Logf("%-8s opened %d of %d (slowest dial %d ms), closed by the gate %d, after p50 %d ms max %d ms; %d bytes sent; replies %q %s",
+			kind, k.Opened, want.n, k.DialMax, k.Closed, k.CloseP50, k.CloseMax, k.Sent, k.Replies, k.FirstErr)
 		if k.Opened != want.n {
 			t.Errorf("%s: the guest opened %d of %d connections (first error %q): the flood did not take place as planned", kind, k.Opened, want.n, k.FirstErr)
 		}

@@ -22,8 +22,9 @@ type floodKind struct {
 	Opened   int `json:"opened"`
 	DialErrs int `json:"dial_errs"`
 	Closed   int `json:"closed"`       // ended by the peer (EOF, reset) before -hold
-	CloseP50 int `json:"close_p50_ms"` // of the closed ones, ms after their dial
+	CloseP50 int `json:"close_p50_ms"` // of the closed ones, ms after their dial completed
 	CloseMax int `json:"close_max_ms"`
+	DialMax  int `json:"dial_max_ms"` // the slowest dial that completed
 	closeMS  []int
 	Replies  []string `json:"replies,omitempty"` // first line the peer sent, if any (big heads)
 	Sent     int64    `json:"sent"`              // bytes written in all
@@ -73,10 +74,15 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 						return
 					}
 					defer c.Close()
+					// The gate's clock for the connection starts at its accept, which is
+					// when the dial completes: a dial queued behind thousands of others
+					// is not time the gate held the connection.
+					opened := time.Now()
 					mu.Lock()
 					k.Opened++
+					k.DialMax = max(k.DialMax, int(opened.Sub(start).Milliseconds()))
 					mu.Unlock()
-					deadline := start.Add(*hold)
+					deadline := opened.Add(*hold)
 					c.SetDeadline(deadline)
 					// The reader learns when the peer ends the connection; the writer
 					// (talk) stops at the first failed write.
@@ -109,7 +115,7 @@ func floodOp(fs *flag.FlagSet, _ *time.Duration) func() (string, error) {
 					k.Sent += sent
 					if !strings.HasPrefix(reply, "\x00") {
 						k.Closed++
-						k.closeMS = append(k.closeMS, int(time.Since(start).Milliseconds()))
+						k.closeMS = append(k.closeMS, int(time.Since(opened).Milliseconds()))
 					}
 					if r := strings.TrimPrefix(reply, "\x00"); r != "" && len(k.Replies) < 8 {
 						k.Replies = append(k.Replies, clipLine(strings.TrimSpace(r)))
