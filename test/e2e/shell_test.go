@@ -1,87 +1,26 @@
 package e2e
 
 import (
-	"bytes"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/creack/pty"
+
+	"moat.dev/moat/test/termtest"
 )
-
-// ptyReader collects what the terminal shows.
-type ptyReader struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (p *ptyReader) waitFor(t *testing.T, want string, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		p.mu.Lock()
-		ok := strings.Contains(p.buf.String(), want)
-		p.mu.Unlock()
-		if ok {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Fatalf("terminal never showed %q; it showed:\n%s", want, p.buf.String())
-}
-
-// sendUntil writes send to the terminal f, again every second, until out shows want, for at
-// most within. For what a loaded host may let race: a window change that reaches the guest
-// after the command that reads the size, a Ctrl-C typed before the command it is meant for
-// started.
-func (p *ptyReader) sendUntil(t *testing.T, f *os.File, send []byte, want string, within time.Duration) {
-	t.Helper()
-	shows := func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return strings.Contains(p.buf.String(), want)
-	}
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		f.Write(send)
-		for next := time.Now().Add(time.Second); time.Now().Before(next); time.Sleep(20 * time.Millisecond) {
-			if shows() {
-				return
-			}
-		}
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	t.Fatalf("terminal never showed %q within %v; it showed:\n%s", want, within, p.buf.String())
-}
 
 // startPTY starts cmd on a new terminal of the given size and collects
 // what the terminal shows.
-func startPTY(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (*os.File, *ptyReader) {
+func startPTY(t *testing.T, cmd *exec.Cmd, rows, cols uint16) (*os.File, *termtest.Screen) {
 	t.Helper()
 	f, err := pty.StartWithSize(cmd, &pty.Winsize{Rows: rows, Cols: cols})
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &ptyReader{}
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := f.Read(b)
-			out.mu.Lock()
-			out.buf.Write(b[:n])
-			out.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
-	return f, out
+	return f, termtest.Read(f)
 }
 
 func TestShellThroughPTY(t *testing.T) {
@@ -93,17 +32,17 @@ func TestShellThroughPTY(t *testing.T) {
 	defer f.Close()
 	defer cmd.Process.Kill()
 	f.Write([]byte("tty | sed 's/^/TTY=/'\n"))
-	out.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
+	out.WaitFor(t, "TTY=/dev/pts/", 30*time.Second)
 	if err := pty.Setsize(f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
 		t.Fatal(err)
 	}
-	out.sendUntil(t, f, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
+	out.SendUntil(t, f, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
 	// Ctrl-C interrupts sleep in the guest, not the session. Had it not,
 	// the echo typed after it would run when sleep ends, 30 s later, past
-	// sendUntil's bound.
+	// SendUntil's bound.
 	f.Write([]byte("sleep 30\n"))
 	time.Sleep(500 * time.Millisecond)
-	out.sendUntil(t, f, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
+	out.SendUntil(t, f, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
 	f.Write([]byte("exit 3\n"))
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()

@@ -5,13 +5,11 @@ package e2e
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,58 +17,8 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/test/inet"
+	"moat.dev/moat/test/termtest"
 )
-
-// screen collects what the TUI draws.
-type screen struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *screen) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *screen) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
-}
-
-// since returns what was drawn after mark.
-func (s *screen) since(mark int) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	b := s.buf.Bytes()
-	if mark > len(b) {
-		return ""
-	}
-	return string(b[mark:])
-}
-
-func (s *screen) len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Len()
-}
-
-// waitDrawn waits (bounded) until the TUI has drawn want after mark.
-func (s *screen) waitDrawn(t *testing.T, mark int, want string) {
-	t.Helper()
-	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); {
-		if strings.Contains(s.since(mark), want) {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	tail := s.String()
-	if len(tail) > 3000 {
-		tail = tail[len(tail)-3000:]
-	}
-	t.Fatalf("the TUI never drew %q; last of the screen:\n%q", want, tail)
-}
 
 func TestWatchTUI(t *testing.T) {
 	n := inet.Start(t)
@@ -125,21 +73,21 @@ func TestWatchTUI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var scr screen
+	var scr termtest.Screen
 	copied := make(chan struct{})
 	go func() { defer close(copied); bufio.NewReader(tty).WriteTo(&scr) }()
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() { cmd.Process.Kill(); tty.Close() })
-	scr.waitDrawn(t, 0, "1 sandbox(es) watched (tui-e2e)")
+	scr.WaitAfter(t, 0, "1 sandbox(es) watched (tui-e2e)", 30*time.Second)
 
 	answer := func(t *testing.T, name, key, want string) {
 		t.Helper()
-		mark := scr.len()
+		mark := scr.Len()
 		r := startGuest(t, g, curlCode(name))
-		scr.waitDrawn(t, mark, name+":80")
+		scr.WaitAfter(t, mark, name+":80", 30*time.Second)
 		// The hold names the process once the daemon has asked the guest.
-		scr.waitDrawn(t, mark, "curl")
+		scr.WaitAfter(t, mark, "curl", 30*time.Second)
 		if _, err := tty.Write([]byte(key)); err != nil {
 			t.Fatal(err)
 		}
@@ -151,14 +99,14 @@ func TestWatchTUI(t *testing.T) {
 	t.Run("allow_once_with_o", func(t *testing.T) { answer(t, "tui-once.test", "o", "200") })
 
 	t.Run("reconnects_after_a_daemon_restart", func(t *testing.T) {
-		mark := scr.len()
+		mark := scr.Len()
 		if r := moat(t, g.dir, g.env, "down"); r.code != 0 {
 			t.Fatalf("down: %s", r.stderr)
 		}
-		scr.waitDrawn(t, mark, "reconnecting to tui-e2e")
-		mark = scr.len()
+		scr.WaitAfter(t, mark, "reconnecting to tui-e2e", 30*time.Second)
+		mark = scr.Len()
 		g.up(t)
-		scr.waitDrawn(t, mark, "1 sandbox(es) watched (tui-e2e)")
+		scr.WaitAfter(t, mark, "1 sandbox(es) watched (tui-e2e)", 30*time.Second)
 	})
 
 	t.Run("deny_with_d_after_the_restart", func(t *testing.T) { answer(t, "tui-deny.test", "d", "403") })
@@ -166,17 +114,17 @@ func TestWatchTUI(t *testing.T) {
 	// The rule of an "always" answer is written by the watch process itself (the daemon
 	// writes no file), then taken live by the sandbox.
 	t.Run("always_with_a_then_p_writes_moat_toml", func(t *testing.T) {
-		mark := scr.len()
+		mark := scr.Len()
 		r := startGuest(t, g, curlCode("tui-always.test"))
-		scr.waitDrawn(t, mark, "tui-always.test:80")
-		scr.waitDrawn(t, mark, "curl")
+		scr.WaitAfter(t, mark, "tui-always.test:80", 30*time.Second)
+		scr.WaitAfter(t, mark, "curl", 30*time.Second)
 		tty.Write([]byte("a"))
-		scr.waitDrawn(t, mark, "p = the project's moat.toml")
+		scr.WaitAfter(t, mark, "p = the project's moat.toml", 30*time.Second)
 		tty.Write([]byte("p"))
 		if out := strings.TrimSpace(r.wait(t)); out != "200" {
 			t.Fatalf("after a, p: curl got %q, want 200", out)
 		}
-		scr.waitDrawn(t, mark, "wrote tui-always.test to ")
+		scr.WaitAfter(t, mark, "wrote tui-always.test to ", 30*time.Second)
 		proj := filepath.Join(g.dir, "moat.toml")
 		if b, _ := os.ReadFile(proj); !strings.Contains(string(b), `allow = ["tui-always.test"]`) {
 			t.Errorf("after always in the project, %s holds:\n%s", proj, b)

@@ -142,28 +142,28 @@ func TestRootlessMoat(t *testing.T) {
 		go func() { done <- cmd.Wait() }()
 		// The typed line echoes "UID=/'", never "UID=" and a digit.
 		term.f.Write([]byte("id -u | sed 's/^/UID=/'; tty | sed 's/^/TTY=/'\n"))
-		term.waitFor(t, "TTY=/dev/pts/", 30*time.Second)
-		term.waitFor(t, fmt.Sprintf("UID=%d", u.uid), 5*time.Second)
+		term.WaitFor(t, "TTY=/dev/pts/", 30*time.Second)
+		term.WaitFor(t, fmt.Sprintf("UID=%d", u.uid), 5*time.Second)
 		// A resize reaches the guest's terminal; Ctrl-C interrupts the
 		// guest's command, not the session.
 		if err := pty.Setsize(term.f, &pty.Winsize{Rows: 40, Cols: 100}); err != nil {
 			t.Fatal(err)
 		}
-		term.sendUntil(t, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
+		term.SendUntil(t, term.f, []byte("stty size | sed 's/^/SIZE=/'\n"), "SIZE=40 100", 10*time.Second)
 		// Had Ctrl-C not interrupted sleep, the echo typed after it would
-		// run when sleep ends, 30 s later, past sendUntil's bound.
+		// run when sleep ends, 30 s later, past SendUntil's bound.
 		term.f.Write([]byte("sleep 30\n"))
 		time.Sleep(500 * time.Millisecond)
-		term.sendUntil(t, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
+		term.SendUntil(t, term.f, []byte("\x03echo ALIVE-$((40+2))\n"), "ALIVE-42", 15*time.Second)
 		term.f.Write([]byte("exit 3\n"))
 		select {
 		case err := <-done:
 			var ee *exec.ExitError
 			if !errors.As(err, &ee) || ee.ExitCode() != 3 {
-				t.Errorf("the shell's end: %v, want exit status 3; the terminal showed:\n%s", err, term.shown())
+				t.Errorf("the shell's end: %v, want exit status 3; the terminal showed:\n%s", err, term.Shown())
 			}
 		case <-ctx.Done():
-			t.Errorf("the shell did not exit after exit 3; the terminal showed:\n%s", term.shown())
+			t.Errorf("the shell did not exit after exit 3; the terminal showed:\n%s", term.Shown())
 		}
 	})
 

@@ -7,7 +7,6 @@ package rootless
 // prove destroy left no mount, namespace or process behind.
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -19,7 +18,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -28,6 +26,7 @@ import (
 	"github.com/creack/pty"
 
 	"moat.dev/moat/test/inet"
+	"moat.dev/moat/test/termtest"
 )
 
 // The test internet's hosts and the sandbox's policy (moat.toml). A name
@@ -185,9 +184,8 @@ func fields(out string) map[string]string {
 
 // terminal is a pty whose slave belongs to the user, as login makes it.
 type terminal struct {
-	f   *os.File
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
+	f *os.File
+	*termtest.Screen
 }
 
 // startTerminal starts cmd (already set up with the user's credentials)
@@ -211,55 +209,8 @@ func startTerminal(t *testing.T, cmd *exec.Cmd, u *testUser) *terminal {
 		ptmx.Close()
 		t.Fatal(err)
 	}
-	term := &terminal{f: ptmx}
-	go func() {
-		b := make([]byte, 4096)
-		for {
-			n, err := ptmx.Read(b)
-			term.mu.Lock()
-			term.buf.Write(b[:n])
-			term.mu.Unlock()
-			if err != nil {
-				return
-			}
-		}
-	}()
+	term := &terminal{f: ptmx, Screen: termtest.Read(ptmx)}
 	return term
-}
-
-func (term *terminal) waitFor(t *testing.T, want string, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		if strings.Contains(term.shown(), want) {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("the terminal never showed %q within %v; it showed:\n%s", want, within, term.shown())
-}
-
-// sendUntil writes send to the terminal, again every second, until it shows want, for at most
-// within. For what a loaded host may let race: a window change that reaches the guest after
-// the command that reads the size, a Ctrl-C typed before the command it is meant for started.
-func (term *terminal) sendUntil(t *testing.T, send []byte, want string, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
-		term.f.Write(send)
-		for next := time.Now().Add(time.Second); time.Now().Before(next); time.Sleep(20 * time.Millisecond) {
-			if strings.Contains(term.shown(), want) {
-				return
-			}
-		}
-	}
-	t.Fatalf("the terminal never showed %q within %v; it showed:\n%s", want, within, term.shown())
-}
-
-func (term *terminal) shown() string {
-	term.mu.Lock()
-	defer term.mu.Unlock()
-	return term.buf.String()
 }
 
 // ---- what destroy must leave: nothing -----------------------------------------------------
