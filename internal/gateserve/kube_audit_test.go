@@ -1,36 +1,17 @@
 package gateserve
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/kubert"
 )
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
-}
 
 // The audit container's stdout: the file's records from its start, then
 // each new one, one JSON record a line, until stopped.
@@ -43,7 +24,7 @@ func TestFollowAudit(t *testing.T) {
 	if err := os.WriteFile(path, []byte(rec("one.example")+"not a record\n"+rec("two.example")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out lockedBuffer
+	var out syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- FollowAudit(ctx, path, &out) }()
