@@ -79,12 +79,9 @@ if [ "$rc" -ne 0 ]; then
 	# Each failed test's own output, from its "=== RUN" to its "--- FAIL"
 	# (where go test -v puts the reasons), at most its last 150 lines;
 	# then panics and build failures.
-	awk '/^=== RUN   [^\/]+$/ { n = 0; name = $3 }
-		{ buf[n++ % 150] = $0 }
-		/^--- FAIL: / && $3 == name {
-			for (i = (n > 150 ? n - 150 : 0); i < n; i++) print buf[i % 150]
-			n = 0
-		}' "$log" | head -1200 || true
+	for t in $(grep -E '^--- FAIL: ' "$log" | awk '{print $3}' | sort -u | head -20); do
+		sed -n "/^=== RUN   $t\$/,/^--- FAIL: $t /p" "$log" | tail -150
+	done
 	grep -E -A40 '^panic:|\[build failed\]' "$log" | head -200 || true
 fi
 grep -E '^(ok|FAIL|\?) ' "$log" || true
