@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -382,12 +383,53 @@ func (e *env) spawnChecked(dir string, connect bool) (*ssh.Client, error) {
 	done := make(chan struct{})
 	defer close(done)
 	go releaseWhenStarted(dir, time.Now(), release, done)
-	return e.spawnDaemon(dir, connect)
+	if c, used, err := e.goStandby(dir, connect); used {
+		return c, err
+	}
+	return e.spawnDaemon(dir, connect, false)
+}
+
+// goStandby resumes the sandbox through its standby, when it has one
+// (daemon/standby.go; `moat suspend --standby`). used is false when it
+// has none, or had one out of date: the caller starts a daemon.
+func (e *env) goStandby(dir string, connect bool) (c *ssh.Client, used bool, err error) {
+	if !state.StandbyAlive(dir) {
+		return nil, false, nil
+	}
+	rec, err := state.Load(dir)
+	if err != nil {
+		return nil, true, err
+	}
+	env, values, err := e.daemonEnv(rec)
+	if err != nil {
+		return nil, true, err
+	}
+	name := filepath.Base(dir)
+	br, conn, err := daemon.GoStandby(dir, env, values)
+	var stale *daemon.StaleError
+	switch {
+	case err == nil:
+		defer conn.Close()
+		c, err := e.awaitStart(br, dir, connect)
+		return c, true, err
+	case errors.Is(err, daemon.ErrNoStandby):
+		return nil, false, nil
+	case errors.As(err, &stale):
+		fmt.Fprintf(os.Stderr, "moat: the standby of %s is out of date (%s); resuming it the usual way\n", name, stale.Why)
+	default:
+		fmt.Fprintf(os.Stderr, "moat: the standby of %s did not answer (%v); ending it and resuming the usual way\n", name, err)
+	}
+	if err := daemon.DismissStandby(dir); err != nil {
+		return nil, true, err
+	}
+	return nil, false, nil
 }
 
 // spawnDaemon starts the daemon and waits for its word on the ready pipe;
-// with connect, it connects to the session proxy meanwhile.
-func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
+// with connect, it connects to the session proxy meanwhile. A standby
+// (daemon/standby.go) is started instead with standby, and its word is
+// that it stands by.
+func (e *env) spawnDaemon(dir string, connect, standby bool) (*ssh.Client, error) {
 	rec, err := state.Load(dir)
 	if err != nil {
 		return nil, err
@@ -399,10 +441,14 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	}
 	// Said before anything else of the start: a sandbox without root
 	// may have no limits at all (admission still counts its own).
-	if why := resources.NoLimits(); why != "" {
+	if why := resources.NoLimits(); why != "" && !standby {
 		fmt.Fprintf(os.Stderr, "moat: no resource limits: %s\n", why)
 	}
 	exe, err := sandboxExe()
+	if err != nil {
+		return nil, err
+	}
+	environ, values, err := e.daemonEnv(rec)
 	if err != nil {
 		return nil, err
 	}
@@ -422,18 +468,16 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	cmd := exec.Command(exe, roles.DaemonRole, dir)
 	cmd.Dir = "/"
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, logf, logf
-	environ, values, err := daemonEnviron(rec)
-	if err != nil {
-		wr.Close()
-		return nil, err
-	}
 	srd, swr, err := os.Pipe()
 	if err != nil {
 		wr.Close()
 		return nil, err
 	}
 	cmd.ExtraFiles = []*os.File{wr, srd}
-	cmd.Env = roles.KeeperEnviron(append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4", "MOAT_RUNSC="+e.runsc, roles.BuildEnv+"="+roles.MoatVersion()))
+	cmd.Env = append(environ, "MOAT_READY_FD=3", daemon.SecretsFDEnv+"=4")
+	if standby {
+		cmd.Env = append(cmd.Env, daemon.StandbyEnv+"=1")
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		wr.Close()
@@ -447,6 +491,20 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 	// the daemon reads, which it does first thing.
 	go daemon.WriteHandover(swr, values)
 	go cmd.Wait() // reap it if it dies while we wait; it outlives us otherwise
+	if standby {
+		line, _ := bufio.NewReader(rd).ReadString('\n')
+		line = strings.TrimSpace(line)
+		if line == "standby" {
+			return nil, nil
+		}
+		return nil, daemonWordError(dir, "stand by", line)
+	}
+	return e.awaitStart(rd, dir, connect)
+}
+
+// awaitStart reads a starting daemon's word from rd; with connect, it
+// connects to the session proxy meanwhile, and returns that client.
+func (e *env) awaitStart(rd io.Reader, dir string, connect bool) (*ssh.Client, error) {
 	var early chan *ssh.Client
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -475,11 +533,17 @@ func (e *env) spawnDaemon(dir string, connect bool) (*ssh.Client, error) {
 			c.Close()
 		}
 	}
+	return nil, daemonWordError(dir, "start", line)
+}
+
+// daemonWordError is the error a daemon's word other than the one
+// expected says: it did not (what).
+func daemonWordError(dir, what, line string) error {
 	name := filepath.Base(dir)
 	if msg, ok := strings.CutPrefix(line, "error: "); ok {
-		return nil, fmt.Errorf("sandbox %q did not start: %s\nsee the daemon log with: moat logs %s", name, msg, name)
+		return fmt.Errorf("sandbox %q did not %s: %s\nsee the daemon log with: moat logs %s", name, what, msg, name)
 	}
-	return nil, fmt.Errorf("sandbox %q did not start: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, name)
+	return fmt.Errorf("sandbox %q did not %s: the daemon exited without a word\nsee the daemon log with: moat logs %s", name, what, name)
 }
 
 // daemonEnviron is the daemon's environment, a few variables by name
@@ -507,6 +571,17 @@ func daemonEnviron(rec *state.Record) ([]string, map[string]string, error) {
 	// name is one Environ keeps (a secret read from a MOAT_* variable).
 	rest, values := daemon.SplitEnv(os.Environ(), handed)
 	return daemon.Environ(rest, len(cfg.SSHAgent.Keys) > 0), values, nil
+}
+
+// daemonEnv is the daemon's environment and handover as a start now
+// would give them (daemonEnviron), with the variables that say which
+// runsc and which moat; the pipes' variables are the start's to add.
+func (e *env) daemonEnv(rec *state.Record) ([]string, map[string]string, error) {
+	environ, values, err := daemonEnviron(rec)
+	if err != nil {
+		return nil, nil, err
+	}
+	return roles.KeeperEnviron(append(environ, "MOAT_RUNSC="+e.runsc, roles.BuildEnv+"="+roles.MoatVersion())), values, nil
 }
 
 // connectWhileBooting connects to the session proxy of a daemon that is
@@ -574,6 +649,11 @@ func (e *env) stop(dir string, reason string) error {
 		// A record that cannot be written (a full disk, say) must not
 		// keep a sandbox running: it is stopped all the same.
 		fmt.Fprintf(os.Stderr, "moat: %v; stopping the sandbox all the same\n", err)
+	}
+	// A suspended sandbox's standby is ended as a stop would end its
+	// daemon; its image stays.
+	if err := daemon.DismissStandby(dir); err != nil {
+		return err
 	}
 	if !s.alive() {
 		return nil

@@ -17,6 +17,7 @@ import (
 
 	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
@@ -537,6 +538,10 @@ func (e *env) restoreLocked(dir string, info *snapshotInfo) error {
 	defer unlock()
 	if state.DaemonAlive(dir) {
 		return codef(ExitError, "sandbox %q started again during the restore; try again", info.Sandbox)
+	}
+	// A standby set up from the image about to be replaced.
+	if err := daemon.DismissStandby(dir); err != nil {
+		return err
 	}
 	src := snapshotDir(dir, info.Tag)
 	stage, old := filepath.Join(dir, ".snapshot-restore.new"), filepath.Join(dir, ".snapshot-restore.old")

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -30,10 +31,11 @@ type suspendResult struct {
 	State         string `json:"state"`
 	ImageBytes    int64  `json:"image_bytes"`
 	SessionsEnded int    `json:"sessions_ended"`
+	Standby       bool   `json:"standby,omitempty"`
 }
 
 func newSuspendCmd() *cobra.Command {
-	var asJSON bool
+	var asJSON, standby bool
 	c := &cobra.Command{
 		Use:   "suspend [NAME]",
 		Short: "Save a running sandbox, processes and memory included, and stop it",
@@ -42,8 +44,17 @@ its processes, their memory and open files, into its state directory, and stop
 it. The next moat resume, run, exec or shell brings it back as it was, without
 running on_up again. Sessions attached now are ended first (their commands get
 SIGHUP); connections to the outside are reset on resume. moat list shows the
-sandbox as suspended with the size of its image.`,
+sandbox as suspended with the size of its image.
+
+With --standby, moat then starts the sandbox's next daemon at once and has
+it wait just short of the restore: the resume is then about half as long,
+and the sandbox holds about 50 MiB of memory (its gate, its runsc sandbox,
+no guest) while it stays suspended. A change to what the sandbox would
+start with (its configuration, network rules or forwards, a secret's
+value) makes the resume start afresh as without it; moat down, destroy and
+snapshot restore end the standby.`,
 		Example: `  moat suspend
+  moat suspend --standby
   moat suspend api --json`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(c *cobra.Command, args []string) error {
@@ -59,8 +70,13 @@ sandbox as suspended with the size of its image.`,
 			if !s.alive() {
 				if st, _ := state.Effective(rec, dir); st == state.StateSuspended {
 					fmt.Fprintf(os.Stderr, "moat: sandbox %q is suspended already\n", rec.Name)
+					if standby {
+						if err := e.standBy(dir, rec.Name); err != nil {
+							return err
+						}
+					}
 					size, _ := runtime.ImageSize(dir)
-					return printSuspended(c, asJSON, rec.Name, size, 0)
+					return printSuspended(c, asJSON, rec.Name, size, 0, state.StandbyAlive(dir))
 				}
 				return codef(ExitUsage, "sandbox %q is not running; nothing to suspend (start it with: moat up %s)", rec.Name, rec.Name)
 			}
@@ -76,19 +92,53 @@ sandbox as suspended with the size of its image.`,
 			}
 			size, _ := runtime.ImageSize(dir)
 			fmt.Fprintf(os.Stderr, "moat: suspended %s (image %s); resume with: moat resume %s\n", rec.Name, disk.FormatBytes(uint64(size)), rec.Name)
-			return printSuspended(c, asJSON, rec.Name, size, ended)
+			if standby {
+				if err := e.standBy(dir, rec.Name); err != nil {
+					return err
+				}
+			}
+			return printSuspended(c, asJSON, rec.Name, size, ended, state.StandbyAlive(dir))
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().BoolVar(&standby, "standby", false, "keep the next daemon waiting, for a resume in half the time (holds about 50 MiB)")
 	return c
 }
 
-func printSuspended(c *cobra.Command, asJSON bool, name string, size int64, ended int) error {
+func printSuspended(c *cobra.Command, asJSON bool, name string, size int64, ended int, standby bool) error {
 	if !asJSON {
 		return nil
 	}
 	return json.NewEncoder(c.OutOrStdout()).Encode(suspendResult{Schema: 1, Name: name, State: state.StateSuspended,
-		ImageBytes: size, SessionsEnded: ended})
+		ImageBytes: size, SessionsEnded: ended, Standby: standby})
+}
+
+// standBy starts the suspended sandbox's standby (daemon/standby.go),
+// unless it has one: the daemon its next resume would start, waiting
+// just short of the restore.
+func (e *env) standBy(dir, name string) error {
+	if err := gvisorOnly(dir); err != nil {
+		return err
+	}
+	unlock, err := state.Lock(filepath.Join(dir, "start.lock"))
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if state.StandbyAlive(dir) {
+		return nil
+	}
+	if state.DaemonAlive(dir) {
+		return codef(ExitError, "sandbox %q was started again meanwhile: nothing to stand by for", name)
+	}
+	if err := e.checkSaved(dir); err != nil {
+		return err
+	}
+	if _, err := e.spawnDaemon(dir, false, true); err != nil {
+		return fmt.Errorf("%w\nsandbox %q is suspended all the same; resume it the usual way with: moat resume %s", err, name, name)
+	}
+	fmt.Fprintf(os.Stderr, "moat: standing by to resume %s at once\n", name)
+	return nil
 }
 
 // suspendNow suspends the running sandbox in dir, as moat suspend does,
@@ -221,6 +271,9 @@ func suspendedText(dir, st string) (string, bool) {
 	size, ok := runtime.ImageSize(dir)
 	if !ok {
 		return st + " (no image)", true
+	}
+	if state.StandbyAlive(dir) {
+		return fmt.Sprintf("%s (%s, standby)", st, disk.FormatBytes(uint64(size))), true
 	}
 	return fmt.Sprintf("%s (%s)", st, disk.FormatBytes(uint64(size))), true
 }

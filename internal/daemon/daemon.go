@@ -93,6 +93,10 @@ type Options struct {
 	// MoatVersion is recorded with each suspend's image
 	// (checkpoint.Manifest).
 	MoatVersion string
+	// Standby makes the keeper a standby (standby.go); StartEnv is the
+	// environment it was started with, which a "go" is compared to.
+	Standby  bool
+	StartEnv []string
 }
 
 type daemon struct {
@@ -143,7 +147,10 @@ type daemon struct {
 	guestGo   chan struct{} // closed once the gate process has started the guest
 	shimReady chan struct{} // closed once the record says the sandbox starts and d.shim is set
 	goOnce    sync.Once
-	agentUp   sync.Once // the OOM guard starts once the guest agent answers
+	sb        *standbyState // a standby's, else nil (standby.go)
+	parked    chan struct{} // a standby's: closed once the gate process asked for the guest and the shim is ready
+	standbyGo chan struct{} // a standby's: closed on its word to go
+	agentUp   sync.Once     // the OOM guard starts once the guest agent answers
 	bootOnce  sync.Once
 
 	// The gate process's side (gateproc.go): its link to the keeper and
@@ -158,9 +165,9 @@ type daemon struct {
 func Run(o Options) error {
 	d := newDaemon(o)
 	err := d.run()
-	if err != nil && o.Ready != nil {
-		fmt.Fprintf(o.Ready, "error: %v\n", err)
-		o.Ready.Close()
+	if err != nil && d.o.Ready != nil {
+		fmt.Fprintf(d.o.Ready, "error: %v\n", err)
+		d.o.Ready.Close()
 	}
 	return err
 }
@@ -168,7 +175,8 @@ func Run(o Options) error {
 // newDaemon is a daemon before its start: the keeper's, or the gate
 // process's (which never uses guestGo and shimReady).
 func newDaemon(o Options) *daemon {
-	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{})}
+	d := &daemon{o: o, log: o.Log, stopCh: make(chan struct{}), booted: make(chan struct{}), guestGo: make(chan struct{}), shimReady: make(chan struct{}),
+		parked: make(chan struct{}), standbyGo: make(chan struct{})}
 	d.ctx, d.cancel = context.WithCancel(context.Background())
 	return d
 }
@@ -217,12 +225,29 @@ type ending struct {
 
 func (d *daemon) run() error {
 	t0 := time.Now()
-	release, ok, err := state.TryLock(state.DaemonLock(d.o.Dir))
+	// A standby holds its own lock until its word to go (standby.go);
+	// either kind refuses to start beside the other.
+	lock, pidFile := state.DaemonLock(d.o.Dir), "daemon.pid"
+	if d.o.Standby {
+		lock, pidFile = state.StandbyLock(d.o.Dir), filepath.Base(standbyPID(d.o.Dir))
+	}
+	release, ok, err := state.TryLock(lock)
 	if err != nil {
 		return err
 	}
 	if !ok {
+		if d.o.Standby {
+			return errors.New("the sandbox has a standby already")
+		}
 		return errors.New("another daemon already runs this sandbox")
+	}
+	switch {
+	case d.o.Standby && state.DaemonAlive(d.o.Dir):
+		release()
+		return errors.New("the sandbox is running: nothing to stand by for")
+	case !d.o.Standby && state.StandbyAlive(d.o.Dir):
+		release()
+		return errors.New("the sandbox has a standby, which moat ends or tells to go before a start; try again")
 	}
 	// From here every exit is one path: the ending says how the sandbox
 	// stopped, and the teardown undoes what the start got to.
@@ -233,7 +258,10 @@ func (d *daemon) run() error {
 		d.log.Info("sandbox stopped", "reason", end.reason)
 	}()
 	undo[stepLock] = func() error { release(); return nil }
-	undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
+	if !d.o.Standby {
+		// A standby writes the record only from its word to go.
+		undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
+	}
 	undo[stepTasks] = func() error {
 		d.cancel()
 		if left := d.tasks.wait(keeperTasksWait); len(left) > 0 {
@@ -246,10 +274,10 @@ func (d *daemon) run() error {
 		end.cause = err
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(d.o.Dir, pidFile), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
 		// Not a reason to refuse the start: the lock says the daemon
 		// lives; only a stop whose control call fails signals the pid.
-		d.log.Warn("writing daemon.pid", "err", err)
+		d.log.Warn("writing "+pidFile, "err", err)
 	}
 
 	// The sandbox's cgroup (resources.go) before prepare writes the plan,
@@ -271,6 +299,15 @@ func (d *daemon) run() error {
 	// Boot or restore (suspend.go), decided before the shim's plan is
 	// written, which says which; recorded once the processes are started.
 	startAs := d.startState(rec)
+	if d.o.Standby {
+		if startAs != state.StateResuming {
+			return fail(errors.New("the sandbox has no whole suspended image to stand by with"))
+		}
+		if d.sb, err = newStandbyState(d.o.StartEnv, d.o.SecretEnv, rec); err != nil {
+			return fail(err)
+		}
+		d.o.Plan.Standby = true // the shim creates runsc's sandbox before the word
+	}
 
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
@@ -308,16 +345,29 @@ func (d *daemon) run() error {
 	// delayed both. Neither can start the guest sooner: the gate process
 	// reads the record after its first call, "handover", and asks for the
 	// guest with "go", and the keeper answers neither before this
-	// (shimReady).
-	if err := d.updateRecord(func(r *state.Record) error {
-		r.State, r.StopReason, r.Error = startAs, "", ""
-		r.DaemonPID, r.Started = os.Getpid(), d.started
-		return nil
-	}); err != nil {
-		return fail(err)
+	// (shimReady). A standby writes it on its word to go.
+	if !d.o.Standby {
+		if err := d.updateRecord(func(r *state.Record) error {
+			r.State, r.StopReason, r.Error = startAs, "", ""
+			r.DaemonPID, r.Started = os.Getpid(), d.started
+			return nil
+		}); err != nil {
+			return fail(err)
+		}
 	}
 	d.shim = shim
 	close(d.shimReady)
+	if d.o.Standby {
+		if err := d.standBy(gp, shim, sigs, &undo, &end); err != nil {
+			if errors.Is(err, errDismissed) {
+				end.reason = "standby dismissed"
+				return nil
+			}
+			return fail(err)
+		}
+		phases = []any{"standby", true}
+		done = mark("gate_ms")
+	}
 	daemonLog := filepath.Join(d.o.Dir, "daemon.log")
 	select {
 	case <-d.guestGo:
@@ -352,7 +402,11 @@ func (d *daemon) run() error {
 	d.log.Info("keeper: sandbox running", append([]any{"start_ms", time.Since(d.started).Milliseconds()}, phases...)...)
 	if d.o.Ready != nil {
 		// The gate process says "ok" on its copy; the CLI sees the pipe
-		// end once both are closed.
+		// end once both are closed. A standby's is the connection its
+		// word came on, which only the keeper has.
+		if d.o.Standby {
+			fmt.Fprintln(d.o.Ready, "ok")
+		}
 		d.o.Ready.Close()
 		d.o.Ready = nil
 	}

@@ -48,7 +48,9 @@ func (d *daemon) loadForkKeys() (*forkKeys, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return nil, nil
 	}
-	if rec, err := d.record(); err != nil || rec.State != state.StateResuming {
+	// Resuming; or suspended, in a standby's gate process, whose
+	// record says resuming only from its word to go (standby.go).
+	if rec, err := d.record(); err != nil || (rec.State != state.StateResuming && rec.State != state.StateSuspended) {
 		return nil, nil // booting afresh: the fork's own keys serve
 	}
 	client, err := keys.Client(dir)

@@ -136,9 +136,18 @@ func (d *daemon) runGate() error {
 	}
 	mark("lockdown_us")
 	d.log.Info("gate process locked down", append([]any{"uid", rec.GateUID}, phases...)...)
-	fds, err := l.call(ctx, "go", nil, nil)
+	var now state.Record
+	fds, err := l.call(ctx, "go", nil, &now)
 	if err != nil {
 		return err
+	}
+	if now.Name != "" {
+		// The keeper's record as the guest starts: a standby's says
+		// resuming only from its word to go.
+		d.recMu.Lock()
+		d.rec = &now
+		d.recMu.Unlock()
+		rec = &now
 	}
 	if len(fds) != 1 {
 		closeFiles(fds)

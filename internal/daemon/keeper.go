@@ -372,6 +372,22 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 				return
 			}
 			tap = os.NewFile(uintptr(fd), "tap0")
+			if d.sb != nil {
+				// A standby waits here for its word (standby.go).
+				close(d.parked)
+				select {
+				case <-d.standbyGo:
+				case <-d.stopCh:
+					err = errors.New("the sandbox is stopping")
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+				if err != nil {
+					tap.Close()
+					tap = nil
+					return
+				}
+			}
 			if err = d.shim.startGuest(); err != nil {
 				tap.Close()
 				return
@@ -385,7 +401,14 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 			return nil, nil, err
 		}
 		// Sent, then closed here: the keeper keeps no guest-facing fd.
-		return nil, []*os.File{tap}, nil
+		// With the record as it is now, which a standby wrote after the
+		// gate process took its copy.
+		rec, err := state.Load(d.o.Dir)
+		if err != nil {
+			tap.Close()
+			return nil, nil, err
+		}
+		return rec, []*os.File{tap}, nil
 	case "up":
 		d.agentUp.Do(func() { d.tasks.Go("guest OOM guard", func() { d.guardOOM(d.ctx) }) })
 		return nil, nil, nil
@@ -448,6 +471,9 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 		v, err := d.readSecretSource(ctx, r.Name)
 		if err != nil {
 			return nil, nil, err
+		}
+		if d.sb != nil {
+			d.sb.readSecret(r.Name, v)
 		}
 		return secretAnswer{Value: v}, nil, nil
 	}

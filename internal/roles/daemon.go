@@ -73,6 +73,9 @@ const keeperProcsEnv = "MOAT_KEEPER_PROCS"
 // daemonMain is DaemonRole, started detached by `moat up`: the daemon's
 // privileged process, the keeper (see daemon/keeper.go).
 func daemonMain(dir string) int {
+	startEnv := os.Environ()
+	standby := os.Getenv(daemon.StandbyEnv) == "1"
+	os.Unsetenv(daemon.StandbyEnv)
 	if os.Getenv(keeperProcsEnv) != "" {
 		os.Unsetenv("GOMAXPROCS")
 		os.Unsetenv(keeperProcsEnv)
@@ -109,6 +112,7 @@ func daemonMain(dir string) int {
 		return fail(err)
 	}
 	opts.SecretEnv = secretEnv
+	opts.Standby, opts.StartEnv = standby, startEnv
 	if ready != nil {
 		opts.Ready = ready
 	}

@@ -98,6 +98,10 @@ type Plan struct {
 	// guest back from, with `runsc restore`, instead of booting it; ""
 	// boots it (suspend_linux.go).
 	Restore string `json:"restore,omitempty"`
+	// Standby: the shim creates runsc's sandbox before the daemon's
+	// word, so that a restore is all that is left when it comes
+	// (daemon/standby.go).
+	Standby bool `json:"standby,omitempty"`
 	// Rootless: the shim runs as root of a user namespace an ordinary
 	// user made (internal/userns), not as the host's root. Overlays then
 	// need userxattr, and what the shim and runsc leave in the state dir

@@ -114,10 +114,18 @@ func Shim(planPath string) (err error) {
 	if err != nil {
 		return fmt.Errorf("creating tap device: %w", err)
 	}
-	if err := unix.Sendmsg(ShimFD, []byte("tap"), unix.UnixRights(tapFD), nil, 0); err != nil {
-		return fmt.Errorf("sending tap fd to the daemon: %w", err)
+	sendTap := func() error {
+		defer unix.Close(tapFD)
+		if err := unix.Sendmsg(ShimFD, []byte("tap"), unix.UnixRights(tapFD), nil, 0); err != nil {
+			return fmt.Errorf("sending tap fd to the daemon: %w", err)
+		}
+		return nil
 	}
-	unix.Close(tapFD)
+	if !p.Standby {
+		if err := sendTap(); err != nil {
+			return err
+		}
+	}
 
 	spec := p.ociSpec(rootPath, mounts)
 	bundle := BundleDir(p.StateDir)
@@ -126,6 +134,17 @@ func Shim(planPath string) (err error) {
 	}
 	if err := writeSpec(filepath.Join(bundle, "config.json"), spec); err != nil {
 		return err
+	}
+	if p.Standby {
+		// runsc's sandbox made now, its restore left for the word; tap0
+		// is sent after, which tells the daemon the shim is ready.
+		if err := p.createSandbox(bundle); err != nil {
+			unix.Close(tapFD)
+			return err
+		}
+		if err := sendTap(); err != nil {
+			return err
+		}
 	}
 	// No guest before the daemon's gate runs: its word, or nothing when
 	// it gave up (and its parent-death signal then ends this shim).
@@ -139,6 +158,9 @@ func Shim(planPath string) (err error) {
 	p.noteGuestBinary() // suspend_linux.go
 	return superviseRunsc(p, bundle, h)
 }
+
+// runscEnv is the environment of the runsc processes the shim starts.
+var runscEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 
 // StopGrace is how long the guest gets between SIGTERM and SIGKILL.
 const StopGrace = 10 * time.Second
@@ -158,7 +180,7 @@ const StopGrace = 10 * time.Second
 // this namespace, where runsc's recorded pids mean what they say), then
 // kills it after StopGrace.
 func superviseRunsc(p *Plan, bundle string, h *heir) error {
-	env := []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	env := runscEnv
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
 	pidFile := filepath.Join(bundle, "sandbox.pid")

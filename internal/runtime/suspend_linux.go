@@ -88,6 +88,19 @@ func restoreArgs(p *Plan, pidFile, bundle string) []string {
 	return []string{"restore", "--detach", "--background", "--image-path=" + p.Restore, "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
 }
 
+// createSandbox has runsc create the sandbox of a standby's restore
+// (Plan.Standby): its gofer and sentry start and wait, running no guest
+// code until `runsc restore` of the same container, which then skips the
+// create.
+func (p *Plan) createSandbox(bundle string) error {
+	create := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "create", "--pid-file="+filepath.Join(bundle, "sandbox.pid"), "--bundle="+bundle, p.ID)...)
+	create.Stdout, create.Stderr, create.Env = os.Stdout, os.Stderr, runscEnv
+	if err := create.Run(); err != nil {
+		return fmt.Errorf("runsc create: %w", err)
+	}
+	return nil
+}
+
 // restored deletes the image the guest came back from. Once the guest
 // runs its files change, and the image's memory no longer matches them:
 // restoring it a second time would give the guest's processes a

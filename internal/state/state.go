@@ -325,8 +325,11 @@ func AuditDir(dir string) string { return filepath.Join(dir, "audit") }
 func AuditPath(dir string) string { return filepath.Join(AuditDir(dir), "audit.jsonl") }
 
 // DaemonAlive reports whether a daemon holds the sandbox's daemon lock.
-func DaemonAlive(dir string) bool {
-	release, ok, err := TryLock(DaemonLock(dir))
+func DaemonAlive(dir string) bool { return held(DaemonLock(dir)) }
+
+// held reports whether a process holds the lock at path.
+func held(path string) bool {
+	release, ok, err := TryLock(path)
 	if err != nil {
 		return false
 	}
@@ -336,6 +339,16 @@ func DaemonAlive(dir string) bool {
 	}
 	return true
 }
+
+// StandbyLock is the path of the lock a standby daemon holds: one that
+// `moat suspend --standby` started for a suspended sandbox, set up to its
+// guest's restore and waiting to be told to go (daemon/standby.go). It
+// takes the daemon lock only then, so a sandbox with a standby is
+// suspended, not alive, to every reader.
+func StandbyLock(dir string) string { return filepath.Join(dir, "standby.lock") }
+
+// StandbyAlive reports whether a standby daemon holds the sandbox.
+func StandbyAlive(dir string) bool { return held(StandbyLock(dir)) }
 
 // Live says whether a sandbox in state st has a daemon, with a guest
 // that runs or is about to: starting, running, stopping, suspending or
