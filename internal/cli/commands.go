@@ -480,6 +480,8 @@ type listEntry struct {
 	NoLimits string `json:"no_limits,omitempty"`
 	// SuspendImageBytes: the checkpoint image of a suspended sandbox.
 	SuspendImageBytes int64 `json:"suspend_image_bytes,omitempty"`
+	// Standby: a suspended sandbox has a standby (moat suspend --standby).
+	Standby bool `json:"standby,omitempty"`
 	// SnapshotBytes: its named snapshots on disk (moat snapshot list).
 	SnapshotBytes int64 `json:"snapshot_bytes,omitempty"`
 	// Claim: a Kubernetes sandbox's claim (kube.go).
@@ -497,6 +499,7 @@ func (e *env) entry(r *state.Record) listEntry {
 	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image, Runtime: runtimeName(r.Runtime),
 		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits(), dir: dir}
 	le.SuspendImageBytes, _ = runtime.ImageSize(dir)
+	le.Standby = st == state.StateSuspended && state.StandbyAlive(dir)
 	le.SnapshotBytes = snapshotBytes(dir)
 	if st == state.StateRunning || st == state.StateStarting {
 		le.PID = r.DaemonPID
@@ -515,7 +518,7 @@ func (e *env) entry(r *state.Record) listEntry {
 }
 
 func stateText(le listEntry) string {
-	if s, ok := suspendedText(le.dir, le.State); ok {
+	if s, ok := suspendedText(le); ok {
 		return s
 	}
 	if le.StopReason != "" && (le.State == state.StateStopped || le.State == state.StateCrashed) && le.StopReason != state.StopCrash {

@@ -107,6 +107,11 @@ func (e *env) fork(parent, child string) (*forkResult, error) {
 		// The parent comes back whatever became of the copy.
 		defer func() { res.ParentResumed = e.resumeAfter(pdir, parent, "the fork") }()
 	}
+	again, err := e.standbyAside(pdir, parent)
+	if err != nil {
+		return nil, err
+	}
+	defer again()
 	// A start of the parent while it is copied would change its files
 	// and consume its image.
 	unlock, err := state.Lock(filepath.Join(pdir, "start.lock"))

@@ -197,6 +197,11 @@ func (e *env) snapshotSave(name, tag string) (*snapshotInfo, error) {
 		}
 		defer func() { info.SandboxResumed = e.resumeAfter(dir, name, "the snapshot") }()
 	}
+	again, err := e.standbyAside(dir, name)
+	if err != nil {
+		return nil, err
+	}
+	defer again()
 	if err := e.saveLocked(dir, info); err != nil {
 		return nil, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"moat.dev/moat/internal/checkpoint"
 	"moat.dev/moat/internal/control"
+	"moat.dev/moat/internal/daemon"
 	"moat.dev/moat/internal/disk"
 	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
@@ -262,17 +263,35 @@ moat run, exec and shell resume a suspended sandbox too.`,
 	}
 }
 
+// standbyAside ends a suspended sandbox's standby, if it has one, while
+// its state is copied (the standby's shim has its disk image mounted), and
+// returns what starts one again after.
+func (e *env) standbyAside(dir, name string) (again func(), err error) {
+	if !state.StandbyAlive(dir) {
+		return func() {}, nil
+	}
+	if err := daemon.DismissStandby(dir); err != nil {
+		return nil, err
+	}
+	return func() {
+		if err := e.standBy(dir, name); err != nil {
+			fmt.Fprintf(os.Stderr, "moat: %v\n", err)
+		}
+	}, nil
+}
+
 // suspendedText is `moat list`'s state for a suspended sandbox: with the
-// size of its image on disk.
-func suspendedText(dir, st string) (string, bool) {
+// size of its image on disk, and whether it has a standby.
+func suspendedText(le listEntry) (string, bool) {
+	st := le.State
 	if st != state.StateSuspended {
 		return "", false
 	}
-	size, ok := runtime.ImageSize(dir)
+	size, ok := runtime.ImageSize(le.dir)
 	if !ok {
 		return st + " (no image)", true
 	}
-	if state.StandbyAlive(dir) {
+	if le.Standby {
 		return fmt.Sprintf("%s (%s, standby)", st, disk.FormatBytes(uint64(size))), true
 	}
 	return fmt.Sprintf("%s (%s)", st, disk.FormatBytes(uint64(size))), true
