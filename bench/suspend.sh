@@ -6,6 +6,9 @@
 #           starting it (target: resume <= 0.5x cold)
 #   suspend: `moat suspend` time and the image's size against the guest's memory in use, idle and
 #           with a process holding BALLAST_MIB of incompressible memory
+#   standby: the same resume after `moat suspend --standby` (the next daemon set up and runsc's
+#           sandbox created while suspended)  vs  the same cold start; and the memory (PSS) the
+#           standby holds while it waits
 #   floor:  gVisor's own restore: bare `runsc restore` of a bare sandbox running the same server
 #           (no moat, no network), checkpointed the same way, until runsc returns with it running;
 #           its ratio to moat's cold start is the lowest resume ratio moat could reach here
@@ -112,11 +115,14 @@ image_kib() { du -sk "$MOAT_HOME/state/sandboxes/suspendbench/suspend" | awk '{p
 sdir=$MOAT_HOME/state/sandboxes/suspendbench
 keeper_ms() { grep 'keeper: sandbox running' "$sdir/daemon.log" | tail -1 | sed -n "s/.* $1=\([0-9]*\).*/\1/p"; }
 daemon_ms() { keeper_ms start_ms; }
+# held_kib: the proportional memory (PSS) of the sandbox's processes, a
+# standby's while it waits: its daemon, gate process, shim and runsc's.
+held_kib() { for p in $(pgrep -f "$sdir"); do awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null; done | awk '{s+=$1} END {print s+0}'; }
 restore_ms() { grep -o 'guest restored in [0-9]*' "$sdir/runsc.log" | tail -1 | awk '{print $4}'; }
 
 (cd "$proj" && "$MOAT" up --trust-project >/dev/null 2>&1)
 answers
-cold=() resume=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() dresume=() rrestore=() rgate=() rboot=()
+cold=() resume=() ssusp=() sresume=() sheld=() susp=() img=() used=() fork=() ssave=() srestore=() dcold=() dresume=() rrestore=() rgate=() rboot=()
 for i in $(seq "$N"); do
 	# Cold: from stopped (down drops any image) to the server's answer.
 	"$MOAT" down suspendbench >/dev/null 2>&1
@@ -126,6 +132,11 @@ for i in $(seq "$N"); do
 	img+=("$(image_kib)")
 	t=$(now); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; resume+=("$(ms "$t")")
 	dresume+=("$(daemon_ms)") rrestore+=("$(restore_ms)") rgate+=("$(keeper_ms gate_ms)") rboot+=("$(keeper_ms boot_ms)")
+	# The same resume through a standby, and what the standby holds.
+	t=$(now); "$MOAT" suspend --standby suspendbench >/dev/null 2>&1; ssusp+=("$(ms "$t")")
+	sheld+=("$(held_kib)")
+	t=$(now); "$MOAT" resume suspendbench >/dev/null 2>&1; answers; sresume+=("$(ms "$t")")
+	grep -q 'standby: go' <(tail -20 "$sdir/daemon.log") || { echo "the resume did not go through the standby" >&2; exit 1; }
 	t=$(now); "$MOAT" fork suspendbench forkbench >/dev/null 2>&1; fork+=("$(ms "$t")")
 	"$MOAT" destroy --yes forkbench >/dev/null 2>&1
 	t=$(now); "$MOAT" snapshot save suspendbench "s$i" >/dev/null 2>&1; ssave+=("$(ms "$t")")
@@ -175,6 +186,8 @@ per() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
 c=$(m "${cold[@]}") r=$(m "${resume[@]}")
 printf 'runs: %d each, interleaved, medians\n' "$N"
 printf 'to the server answering: resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5)\n' "$r" "$c" "$(per "$r" "$c")"
+sr=$(m "${sresume[@]}")
+printf 'with a standby (moat suspend --standby): resume %s ms  vs  cold start %s ms  ratio %s (target <= 0.5); suspend --standby %s ms, the standby holds %d MiB (PSS) while it waits\n' "$sr" "$c" "$(per "$sr" "$c")" "$(m "${ssusp[@]}")" "$(mib "$(m "${sheld[@]}")")"
 fl=$(m "${floor[@]}")
 printf "floor: gVisor's own restore of the same server, bare runsc, %s ms, %s of moat's cold start; moat's resume is %s ms above it\n" "$fl" "$(per "$fl" "$c")" "$(sub "$r" "$fl")"
 dc=$(m "${dcold[@]}") dr=$(m "${dresume[@]}") rr=$(m "${rrestore[@]}")
@@ -188,4 +201,5 @@ f=$(m "${fork[@]}")
 printf 'fork of the running sandbox:  %s ms  vs  cold start %s ms  ratio %s\n' "$f" "$c" "$(per "$f" "$c")"
 printf 'snapshot save (running):      %s ms; snapshot restore to the server answering: %s ms\n' "$(m "${ssave[@]}")" "$(m "${srestore[@]}")"
 printf 'raw: daemon start cold %s | daemon start resume %s | runsc restore %s | to go %s | go to running %s\n' "${dcold[*]}" "${dresume[*]}" "${rrestore[*]}" "${rgate[*]}" "${rboot[*]}"
+printf 'raw: standby resume %s | suspend --standby %s | standby held KiB %s\n' "${sresume[*]}" "${ssusp[*]}" "${sheld[*]}"
 printf 'raw: floor %s | cold %s | resume %s | suspend %s | suspend+ballast %s | fork %s | snapshot save %s | snapshot restore %s\n' "${floor[*]}" "${cold[*]}" "${resume[*]}" "${susp[*]}" "${bsusp[*]}" "${fork[*]}" "${ssave[*]}" "${srestore[*]}"
