@@ -49,7 +49,7 @@ sandbox as suspended with the size of its image.
 
 With --standby, moat then starts the sandbox's next daemon at once and has
 it wait just short of the restore: the resume is then about half as long,
-and the sandbox holds about 50 MiB of memory (its gate, its runsc sandbox,
+and the sandbox holds about 45 MiB of memory (its gate, its runsc sandbox,
 no guest) while it stays suspended. A change to what the sandbox would
 start with (its configuration, network rules or forwards, a secret's
 value) makes the resume start afresh as without it; moat down, destroy and
@@ -102,7 +102,7 @@ snapshot restore end the standby.`,
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	c.Flags().BoolVar(&standby, "standby", false, "keep the next daemon waiting, for a resume in half the time (holds about 50 MiB)")
+	c.Flags().BoolVar(&standby, "standby", false, "keep the next daemon waiting, for a resume in half the time (holds about 45 MiB)")
 	return c
 }
 
