@@ -21,38 +21,9 @@ import (
 
 func TestSuspendStandby(t *testing.T) {
 	name := "standby-e2e"
-	dir := project(t, name)
-	os.Chmod(dir, 0o777)
-	for f, body := range map[string]string{
-		"moat.toml": suspendToml,
-		"server.py": fmt.Sprintf(suspendServer, suspendGuestPort),
-	} {
-		if err := os.WriteFile(filepath.Join(dir, f), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stateDir := filepath.Join(moatHome, "state", "sandboxes", name)
-	mustMoat(t, dir, "up")
-	hostPort := freePort(t)
-	mustMoat(t, dir, "forward", "add", name, fmt.Sprintf("%d:%d", hostPort, suspendGuestPort))
-	if got := serverCount(t, hostPort, 10*time.Second); got != 1 {
-		t.Fatalf("the guest's server's first answer is %d", got)
-	}
-	counter := func() int {
-		t.Helper()
-		out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/count"))
-		n, err := strconv.Atoi(out)
-		if err != nil {
-			t.Fatalf("the guest's counter reads %q", out)
-		}
-		return n
-	}
-	deadline := time.Now().Add(30 * time.Second)
+	g := startSuspendGuest(t, name, 1)
+	dir, stateDir, hostPort, counter := g.dir, g.stateDir, g.hostPort, g.counter
 	before := counter()
-	for before < 30 && time.Now().Before(deadline) {
-		time.Sleep(200 * time.Millisecond)
-		before = counter()
-	}
 	// standbyProcs are this sandbox's daemon, gate, shim and runsc
 	// processes.
 	standbyProcs := func() []string {

@@ -53,8 +53,20 @@ on_up = [
 ]
 `
 
-func TestSuspendResume(t *testing.T) {
-	name := "suspend-e2e"
+// suspendGuest is a running sandbox of suspendToml's: its counter read
+// through exec, its server through a forward on hostPort.
+type suspendGuest struct {
+	dir, stateDir string
+	hostPort      int
+	counter       func() int
+}
+
+// startSuspendGuest starts one, checks the server's first answers (up
+// to answered), and waits for the counter to pass 30: far enough from 0
+// that a counter started again after a resume cannot have caught up by
+// the time it is read.
+func startSuspendGuest(t *testing.T, name string, answered int) suspendGuest {
+	t.Helper()
 	dir := project(t, name)
 	os.Chmod(dir, 0o777)
 	for f, body := range map[string]string{
@@ -65,18 +77,15 @@ func TestSuspendResume(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	stateDir := filepath.Join(moatHome, "state", "sandboxes", name)
+	g := suspendGuest{dir: dir, stateDir: filepath.Join(moatHome, "state", "sandboxes", name), hostPort: freePort(t)}
 	mustMoat(t, dir, "up")
-	hostPort := freePort(t)
-	mustMoat(t, dir, "forward", "add", name, fmt.Sprintf("%d:%d", hostPort, suspendGuestPort))
-
-	// The server's first three answers, through the forward.
-	for want := 1; want <= 3; want++ {
-		if got := serverCount(t, hostPort, 10*time.Second); got != want {
+	mustMoat(t, dir, "forward", "add", name, fmt.Sprintf("%d:%d", g.hostPort, suspendGuestPort))
+	for want := 1; want <= answered; want++ {
+		if got := serverCount(t, g.hostPort, 10*time.Second); got != want {
 			t.Fatalf("answer %d of the guest's server is %d", want, got)
 		}
 	}
-	counter := func() int {
+	g.counter = func() int {
 		t.Helper()
 		out := strings.TrimSpace(mustMoat(t, dir, "exec", name, "--", "cat", "/tmp/count"))
 		n, err := strconv.Atoi(out)
@@ -85,17 +94,22 @@ func TestSuspendResume(t *testing.T) {
 		}
 		return n
 	}
-	// Far enough from 0 that a counter started again after the resume
-	// cannot have caught up by the time it is read.
 	deadline := time.Now().Add(30 * time.Second)
-	before := counter()
-	for before < 30 && time.Now().Before(deadline) {
+	for g.counter() < 30 {
+		if time.Now().After(deadline) {
+			t.Fatal("the guest's counter did not reach 30 in 30 s")
+		}
 		time.Sleep(200 * time.Millisecond)
-		before = counter()
 	}
-	if before < 30 {
-		t.Fatalf("the guest's counter reached only %d in 30 s", before)
-	}
+	return g
+}
+
+func TestSuspendResume(t *testing.T) {
+	name := "suspend-e2e"
+	// The server's first three answers, through the forward.
+	g := startSuspendGuest(t, name, 3)
+	dir, stateDir, hostPort, counter := g.dir, g.stateDir, g.hostPort, g.counter
+	before := counter()
 
 	// A session attached at the suspend: ended, and told why.
 	attached := exec.Command(moatBin, "exec", name, "--", "sleep", "60")
