@@ -364,6 +364,7 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 			return nil, nil, errors.New("the shim did not start")
 		}
 		var tap *os.File
+		var rec *state.Record
 		var err error
 		d.goOnce.Do(func() {
 			// The shim has mounted the root filesystem meanwhile.
@@ -382,14 +383,18 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 				case <-ctx.Done():
 					err = ctx.Err()
 				}
-				if err != nil {
-					tap.Close()
-					tap = nil
-					return
-				}
 			}
-			if err = d.shim.startGuest(); err != nil {
+			// The gate process gets the record as it is now, which a
+			// standby wrote after the gate process took its copy.
+			if err == nil {
+				rec, err = state.Load(d.o.Dir)
+			}
+			if err == nil {
+				err = d.shim.startGuest()
+			}
+			if err != nil {
 				tap.Close()
+				tap = nil
 				return
 			}
 			close(d.guestGo)
@@ -401,13 +406,6 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 			return nil, nil, err
 		}
 		// Sent, then closed here: the keeper keeps no guest-facing fd.
-		// With the record as it is now, which a standby wrote after the
-		// gate process took its copy.
-		rec, err := state.Load(d.o.Dir)
-		if err != nil {
-			tap.Close()
-			return nil, nil, err
-		}
 		return rec, []*os.File{tap}, nil
 	case "up":
 		d.agentUp.Do(func() { d.tasks.Go("guest OOM guard", func() { d.guardOOM(d.ctx) }) })
