@@ -15,13 +15,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/termtest"
 )
 
 // testServer is a Server listening on 127.0.0.1 for the duration of a test.
@@ -441,42 +442,9 @@ func waitGone(t *testing.T, pids []int, d time.Duration) {
 	}
 }
 
-// lineWriter collects output and lets a test wait for a substring.
-type lineWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (w *lineWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *lineWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
-// waitFor polls until the output contains substr, at most 2 s.
-func (w *lineWriter) waitFor(t *testing.T, substr string) string {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for {
-		if s := w.String(); strings.Contains(s, substr) {
-			return s
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("output never contained %q; got %q", substr, w.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // newSession opens a session to a fresh server, with a PTY if asked, and
 // collects its output.
-func newSession(t *testing.T, usePTY bool) (*ssh.Client, *ssh.Session, *lineWriter) {
+func newSession(t *testing.T, usePTY bool) (*ssh.Client, *ssh.Session, *termtest.Screen) {
 	t.Helper()
 	ts := startServer(t, nil)
 	c := ts.dial(t)
@@ -489,7 +457,7 @@ func newSession(t *testing.T, usePTY bool) (*ssh.Client, *ssh.Session, *lineWrit
 			t.Fatal(err)
 		}
 	}
-	out := &lineWriter{}
+	out := &termtest.Screen{}
 	sess.Stdout = out
 	return c, sess, out
 }
@@ -502,7 +470,7 @@ func TestDisconnectKillsGroup(t *testing.T) {
 			if err := sess.Start(fmt.Sprintf(`sh -c 'echo $$ > %s; sleep 300 & sleep 300 & echo ready; wait'`, pidfile)); err != nil {
 				t.Fatal(err)
 			}
-			out.waitFor(t, "ready")
+			out.WaitFor(t, "ready", 2*time.Second)
 			b, err := os.ReadFile(pidfile)
 			if err != nil {
 				t.Fatal(err)
@@ -580,7 +548,7 @@ func TestHangupSparesNohup(t *testing.T) {
 			if err := sess.Start("sh -c '" + strings.ReplaceAll(cmd, "'", `'\''`) + "'"); err != nil {
 				t.Fatal(err)
 			}
-			out.waitFor(t, "ready")
+			out.WaitFor(t, "ready", 2*time.Second)
 			keptPid, plainPid := readPid(t, kept), readPid(t, plain)
 			t.Cleanup(func() { syscall.Kill(keptPid, syscall.SIGKILL); syscall.Kill(plainPid, syscall.SIGKILL) })
 			if !usePTY {
@@ -616,12 +584,12 @@ func TestShutdownKillsSessions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out lineWriter
+	var out termtest.Screen
 	sess.Stdout = &out
 	if err := sess.Start("echo $$; exec sleep 300"); err != nil {
 		t.Fatal(err)
 	}
-	pid, err := strconv.Atoi(strings.TrimSpace(out.waitFor(t, "\n")))
+	pid, err := strconv.Atoi(strings.TrimSpace(out.WaitFor(t, "\n", 2*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,11 +9,13 @@ import (
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"moat.dev/moat/internal/termtest"
 )
 
 // ptyShell starts an interactive login shell on a 24x80 PTY and returns the
 // session, a writer that types into it, and its output.
-func ptyShell(t *testing.T, c *ssh.Client) (*ssh.Session, io.Writer, *lineWriter) {
+func ptyShell(t *testing.T, c *ssh.Client) (*ssh.Session, io.Writer, *termtest.Screen) {
 	t.Helper()
 	sess, err := c.NewSession()
 	if err != nil {
@@ -27,7 +29,7 @@ func ptyShell(t *testing.T, c *ssh.Client) (*ssh.Session, io.Writer, *lineWriter
 	if err != nil {
 		t.Fatal(err)
 	}
-	out := &lineWriter{}
+	out := &termtest.Screen{}
 	sess.Stdout = out
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
@@ -36,7 +38,7 @@ func ptyShell(t *testing.T, c *ssh.Client) (*ssh.Session, io.Writer, *lineWriter
 }
 
 // Commands typed below compute their markers with $((...)) so that the
-// terminal's echo of the input line can never satisfy waitFor.
+// terminal's echo of the input line can never satisfy WaitFor.
 
 func TestPTY(t *testing.T) {
 	ts := startServer(t, nil)
@@ -65,7 +67,7 @@ func TestWindowChange(t *testing.T) {
 	c := ts.dial(t)
 	sess, stdin, out := ptyShell(t, c)
 	io.WriteString(stdin, "stty size; echo done$((1+1))\n")
-	if s := out.waitFor(t, "done2"); !strings.Contains(s, "24 80") {
+	if s := out.WaitFor(t, "done2", 2*time.Second); !strings.Contains(s, "24 80") {
 		t.Fatalf("initial size missing from %q", s)
 	}
 	// want-reply, unlike Session.WindowChange, so the resize has happened
@@ -75,7 +77,7 @@ func TestWindowChange(t *testing.T) {
 		t.Fatalf("window-change = %v, %v", ok, err)
 	}
 	io.WriteString(stdin, "stty size; echo done$((2+2))\n")
-	if s := out.waitFor(t, "done4"); !strings.Contains(s, "40 100") {
+	if s := out.WaitFor(t, "done4", 2*time.Second); !strings.Contains(s, "40 100") {
 		t.Errorf("resized size missing from %q", s)
 	}
 }
@@ -85,14 +87,14 @@ func TestInterrupt(t *testing.T) {
 	c := ts.dial(t)
 	sess, stdin, out := ptyShell(t, c)
 	io.WriteString(stdin, "echo started$((1+1)); sleep 30; echo not$((3+3))\n")
-	out.waitFor(t, "started2")
+	out.WaitFor(t, "started2", 2*time.Second)
 	time.Sleep(100 * time.Millisecond) // let sleep start; an earlier ^C aborts the line too
 	io.WriteString(stdin, "\x03")
 	// The tty flushes pending input on ^C; type the next line only once
 	// the shell is back at its prompt.
 	time.Sleep(200 * time.Millisecond)
 	io.WriteString(stdin, "echo after$((2+2))\n")
-	s := out.waitFor(t, "after4")
+	s := out.WaitFor(t, "after4", 2*time.Second)
 	if strings.Contains(s, "not6") {
 		t.Errorf("^C let the rest of the line run: %q", s)
 	}
@@ -109,7 +111,7 @@ func TestPTYBackgroundJobKilled(t *testing.T) {
 	c := ts.dial(t)
 	sess, stdin, out := ptyShell(t, c)
 	io.WriteString(stdin, "sleep 300 & echo bg=$!; echo x$((1+1))\n")
-	s := out.waitFor(t, "x2")
+	s := out.WaitFor(t, "x2", 2*time.Second)
 	m := regexp.MustCompile(`bg=(\d+)`).FindStringSubmatch(s)
 	if m == nil {
 		t.Fatalf("no background pid in %q", s)

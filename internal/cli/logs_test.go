@@ -1,35 +1,16 @@
 package cli
 
 import (
-	"bytes"
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"moat.dev/moat/internal/logfile"
+	"moat.dev/moat/internal/termtest"
 )
-
-// syncBuf is a bytes.Buffer safe for the follower and the test at once.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestPrintLogFollowsRotation: `moat logs -f` prints every line, also
 // those written after the log rotated under it.
@@ -42,7 +23,7 @@ func TestPrintLogFollowsRotation(t *testing.T) {
 	defer w.Close()
 	var alive atomic.Bool
 	alive.Store(true)
-	var out syncBuf
+	var out termtest.Screen
 	done := make(chan error, 1)
 	go func() { done <- printLog(&out, path, true, alive.Load) }()
 	const lines = 12 // 30 bytes each: three rotations

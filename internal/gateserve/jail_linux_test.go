@@ -16,6 +16,7 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/internal/termtest"
 	"moat.dev/moat/test/inet"
 )
 
@@ -74,7 +75,7 @@ policy = [%[5]q]
 `, dir, c.gw, n.DNS, c.addr, policyFile), 0o644))
 
 	canary := "moat-canary-" + randHex(t, 16)
-	stderr := &syncBuffer{}
+	stderr := &termtest.Screen{}
 	cmd := exec.Command(moatBinary(t), "gate", "serve", "--config", conf)
 	cmd.Env = append(os.Environ(), "MOAT_GATESERVE_TEST_TOKEN="+canary)
 	cmd.Stderr = stderr

@@ -11,6 +11,7 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/kubert"
+	"moat.dev/moat/internal/termtest"
 )
 
 // The audit container's stdout: the file's records from its start, then
@@ -24,18 +25,18 @@ func TestFollowAudit(t *testing.T) {
 	if err := os.WriteFile(path, []byte(rec("one.example")+"not a record\n"+rec("two.example")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var out syncBuffer
+	var out termtest.Screen
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- FollowAudit(ctx, path, &out) }()
 	wait := func(n int) []string {
 		deadline := time.Now().Add(10 * time.Second)
 		for {
-			if l := out.lines(); len(l) >= n && l[0] != "" {
+			if l := lines(&out); len(l) >= n && l[0] != "" {
 				return l
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("after 10 s, FollowAudit wrote %q; want %d records", out.lines(), n)
+				t.Fatalf("after 10 s, FollowAudit wrote %q; want %d records", lines(&out), n)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}

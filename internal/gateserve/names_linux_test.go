@@ -22,6 +22,7 @@ import (
 
 	"moat.dev/moat/internal/audit"
 	"moat.dev/moat/internal/lockdown"
+	"moat.dev/moat/internal/termtest"
 	"moat.dev/moat/test/inet"
 )
 
@@ -411,7 +412,7 @@ sources = ["%[4]s"]
 policy = [%[6]q]
 `, dir, c.gw, n.DNS, c.addr, names, policyFile), 0o644))
 
-	stderr := &syncBuffer{}
+	stderr := &termtest.Screen{}
 	cmd := exec.Command(moatBinary(t), "gate", "serve", "--config", conf)
 	cmd.Stderr = stderr
 	must(t, cmd.Start())

@@ -23,6 +23,7 @@ import (
 	"github.com/miekg/dns"
 
 	"moat.dev/moat/internal/audit"
+	"moat.dev/moat/internal/termtest"
 	"moat.dev/moat/test/inet"
 )
 
@@ -37,7 +38,7 @@ type fixture struct {
 	canary         string         // the real secret value
 	placeholder    string         // alpha's placeholder for it, from its file
 	alphaPolicy    string
-	logs           *syncBuffer
+	logs           *termtest.Screen
 	allowed        *inet.Server
 	secretSrv      *inet.Server
 	other, denied  *inet.Server
@@ -74,7 +75,7 @@ trust = ["%[1]s"]
 
 func start(t *testing.T, opts ...func(*Options)) *fixture {
 	n := inet.Start(t) // skips without root
-	f := &fixture{n: n, logs: &syncBuffer{}, slow: make(chan string, 16)}
+	f := &fixture{n: n, logs: &termtest.Screen{}, slow: make(chan string, 16)}
 	mux := http.NewServeMux()
 	mux.Handle("/events", inet.SSE(5, 300*time.Millisecond))
 	mux.HandleFunc("/slow", func(w http.ResponseWriter, r *http.Request) {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"moat.dev/moat/internal/agent"
+	"moat.dev/moat/internal/termtest"
 )
 
 // agentAt serves an agent with the given keys on a new loopback listener
@@ -50,7 +51,7 @@ func agentAt(t *testing.T, host, client ssh.Signer) (addr string, stop func()) {
 
 func runOut(t *testing.T, c *ssh.Client, argv ...string) (string, int) {
 	t.Helper()
-	r := await(t, runAsync(context.Background(), c, Options{Argv: argv}, &syncBuffer{}))
+	r := await(t, runAsync(context.Background(), c, Options{Argv: argv}, &termtest.Screen{}))
 	if r.err != nil {
 		t.Fatalf("running %q: %v", argv, r.err)
 	}
@@ -89,7 +90,7 @@ func TestProxyRedials(t *testing.T) {
 	// The proxy learns of the closed connection asynchronously.
 	deadline := time.Now().Add(2 * time.Second)
 	for {
-		r := await(t, runAsync(context.Background(), c, Options{Argv: []string{"echo", "two"}}, &syncBuffer{}))
+		r := await(t, runAsync(context.Background(), c, Options{Argv: []string{"echo", "two"}}, &termtest.Screen{}))
 		if r.err == nil && r.stdout == "two\n" {
 			break
 		}
@@ -174,9 +175,9 @@ func TestProxyClientGoneKillsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ssh.NewClient(cc, chans, reqs)
-	var out syncBuffer
+	var out termtest.Screen
 	runAsync(context.Background(), c, Options{Argv: []string{"sh", "-c", "echo $$; sleep 300 & wait"}}, &out)
-	out.waitFor(t, "\n")
+	out.WaitFor(t, "\n", 2*time.Second)
 	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"moat.dev/moat/internal/agent"
+	"moat.dev/moat/internal/termtest"
 )
 
 func newSigner(t *testing.T) ssh.Signer {
@@ -154,37 +154,6 @@ func eachTransport(t *testing.T, f func(t *testing.T, connect connector)) {
 	t.Run("proxied", func(t *testing.T) { f(t, connectProxied) })
 }
 
-// syncBuffer is written by the SSH library's copy goroutine while a test
-// polls it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// waitFor polls until b contains substr, at most 2 s.
-func (b *syncBuffer) waitFor(t *testing.T, substr string) {
-	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for !strings.Contains(b.String(), substr) {
-		if time.Now().After(deadline) {
-			t.Fatalf("output never contained %q; got %q", substr, b.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 type runResult struct {
 	code   int
 	err    error
@@ -192,7 +161,7 @@ type runResult struct {
 	stderr string
 }
 
-func runAsync(ctx context.Context, c *ssh.Client, o Options, stdout *syncBuffer) <-chan runResult {
+func runAsync(ctx context.Context, c *ssh.Client, o Options, stdout *termtest.Screen) <-chan runResult {
 	var stderr bytes.Buffer
 	o.Stdout, o.Stderr = stdout, &stderr
 	resc := make(chan runResult, 1)
@@ -235,7 +204,7 @@ func TestRun(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				r := await(t, runAsync(context.Background(), c, tt.o, &syncBuffer{}))
+				r := await(t, runAsync(context.Background(), c, tt.o, &termtest.Screen{}))
 				if r.err != nil || r.code != tt.wantCode || r.stdout != tt.wantStdout || r.stderr != tt.wantStderr {
 					t.Errorf("Run = %d, %v, stdout %q, stderr %q; want %d, nil, %q, %q",
 						r.code, r.err, r.stdout, r.stderr, tt.wantCode, tt.wantStdout, tt.wantStderr)
@@ -261,7 +230,7 @@ func TestRunEnv(t *testing.T) {
 		}
 		r := await(t, runAsync(context.Background(), c, Options{
 			Argv: []string{"sh", "-c", `pwd; env | grep '^MOAT_TEST_' | sort`}, Dir: dir, Env: env,
-		}, &syncBuffer{}))
+		}, &termtest.Screen{}))
 		if r.err != nil || r.code != 0 || r.stdout != dir+"\n"+want.String() {
 			t.Fatalf("Run = %d, %v, stdout %q; want 0, nil, %q", r.code, r.err, r.stdout, dir+"\n"+want.String())
 		}
@@ -270,7 +239,7 @@ func TestRunEnv(t *testing.T) {
 		for _, bad := range []map[string]string{{"A=B": "x"}, {"": "x"}, {"OK": "a\x00b"}} {
 			r := await(t, runAsync(context.Background(), c, Options{
 				Argv: []string{"touch", marker}, Env: bad,
-			}, &syncBuffer{}))
+			}, &termtest.Screen{}))
 			if r.err == nil || !strings.Contains(r.err.Error(), "setting environment variable") {
 				t.Errorf("Run with env %q: err = %v, want a refusal naming the variable", bad, r.err)
 			}
@@ -278,7 +247,7 @@ func TestRunEnv(t *testing.T) {
 				t.Fatalf("Run with env %q ran the command", bad)
 			}
 		}
-		r = await(t, runAsync(context.Background(), c, Options{Argv: []string{"true"}, Dir: "a\x00b"}, &syncBuffer{}))
+		r = await(t, runAsync(context.Background(), c, Options{Argv: []string{"true"}, Dir: "a\x00b"}, &termtest.Screen{}))
 		if r.err == nil || !strings.Contains(r.err.Error(), "working directory") {
 			t.Errorf("Run with a NUL in Dir: err = %v, want a refusal naming the working directory", r.err)
 		}
@@ -328,7 +297,7 @@ func TestRunTTY(t *testing.T) {
 			TTY:   true,
 			Term:  "xterm-test",
 			Stdin: strings.NewReader(""),
-		}, &syncBuffer{}))
+		}, &termtest.Screen{}))
 		want := regexp.MustCompile(`^/dev/pts/\d+\r\nxterm-test\r\n24 80\r\n$`)
 		if r.err != nil || r.code != 0 || !want.MatchString(r.stdout) {
 			t.Errorf("Run = %d, %v, %q; want 0, nil, match for %s", r.code, r.err, r.stdout, want)
@@ -339,9 +308,9 @@ func TestRunTTY(t *testing.T) {
 func TestRunConnectionLost(t *testing.T) {
 	eachTransport(t, func(t *testing.T, connect connector) {
 		c, shutdown := connect(t)
-		var out syncBuffer
+		var out termtest.Screen
 		resc := runAsync(context.Background(), c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
-		out.waitFor(t, "ready")
+		out.WaitFor(t, "ready", 2*time.Second)
 		shutdown()
 		r := await(t, resc)
 		if !errors.Is(r.err, ErrConnectionLost) || r.code != exitFailed {
@@ -354,9 +323,9 @@ func TestRunContextCancel(t *testing.T) {
 	eachTransport(t, func(t *testing.T, connect connector) {
 		c, _ := connect(t)
 		ctx, cancel := context.WithCancel(context.Background())
-		var out syncBuffer
+		var out termtest.Screen
 		resc := runAsync(ctx, c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
-		out.waitFor(t, "ready")
+		out.WaitFor(t, "ready", 2*time.Second)
 		cancel()
 		if r := await(t, resc); !errors.Is(r.err, context.Canceled) {
 			t.Errorf("Run = %d, %v; want context.Canceled", r.code, r.err)
@@ -367,11 +336,11 @@ func TestRunContextCancel(t *testing.T) {
 func TestRunForwardsSignals(t *testing.T) {
 	eachTransport(t, func(t *testing.T, connect connector) {
 		c, _ := connect(t)
-		var out syncBuffer
+		var out termtest.Screen
 		resc := runAsync(context.Background(), c, Options{Argv: []string{"sh", "-c", "echo ready; sleep 30"}}, &out)
 		// "ready" is printed after Start, and Run subscribes to signals before
 		// Start, so this SIGTERM goes to Run and not to the test binary.
-		out.waitFor(t, "ready")
+		out.WaitFor(t, "ready", 2*time.Second)
 		if err := syscall.Kill(os.Getpid(), syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}

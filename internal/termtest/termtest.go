@@ -1,6 +1,7 @@
-// Package termtest is what the end-to-end tests read a terminal with: a
-// screen that collects what a pty (or a TUI writing to one) shows, and
-// bounded waits for text on it.
+// Package termtest is what tests read output with as it is written: a
+// screen that collects what a pty (or a TUI writing to one), a log or a
+// session's stream shows, safe for the writer's goroutine and the test's,
+// and bounded waits for text on it.
 package termtest
 
 import (
@@ -45,6 +46,9 @@ func (s *Screen) Write(p []byte) (int, error) {
 // Shown is everything shown so far.
 func (s *Screen) Shown() string { return s.Since(0) }
 
+// String is Shown, for a screen used as a log's writer.
+func (s *Screen) String() string { return s.Shown() }
+
 // Len is how many bytes were shown so far: a mark for Since and WaitAfter.
 func (s *Screen) Len() int {
 	s.mu.Lock()
@@ -64,21 +68,23 @@ func (s *Screen) Since(mark int) string {
 }
 
 // WaitFor waits until the screen shows want, for at most within, and
-// fails the test with the screen's end if it never does.
-func (s *Screen) WaitFor(t testing.TB, want string, within time.Duration) {
+// fails the test with the screen's end if it never does. It returns
+// what was shown then.
+func (s *Screen) WaitFor(t testing.TB, want string, within time.Duration) string {
 	t.Helper()
-	s.WaitAfter(t, 0, want, within)
+	return s.WaitAfter(t, 0, want, within)
 }
 
 // WaitAfter is WaitFor for what is shown after mark.
-func (s *Screen) WaitAfter(t testing.TB, mark int, want string, within time.Duration) {
+func (s *Screen) WaitAfter(t testing.TB, mark int, want string, within time.Duration) string {
 	t.Helper()
-	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if strings.Contains(s.Since(mark), want) {
-			return
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if shown := s.Since(mark); strings.Contains(shown, want) {
+			return shown
 		}
 	}
 	s.fail(t, want, within)
+	return ""
 }
 
 // SendUntil writes send to w (the terminal), again every second, until the

@@ -9,7 +9,7 @@ import (
 
 	"github.com/creack/pty"
 
-	"moat.dev/moat/test/termtest"
+	"moat.dev/moat/internal/termtest"
 )
 
 // startPTY starts cmd on a new terminal of the given size and collects

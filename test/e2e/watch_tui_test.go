@@ -17,7 +17,7 @@ import (
 
 	"moat.dev/moat/internal/control"
 	"moat.dev/moat/test/inet"
-	"moat.dev/moat/test/termtest"
+	"moat.dev/moat/internal/termtest"
 )
 
 func TestWatchTUI(t *testing.T) {

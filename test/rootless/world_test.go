@@ -26,7 +26,7 @@ import (
 	"github.com/creack/pty"
 
 	"moat.dev/moat/test/inet"
-	"moat.dev/moat/test/termtest"
+	"moat.dev/moat/internal/termtest"
 )
 
 // The test internet's hosts and the sandbox's policy (moat.toml). A name
