@@ -182,16 +182,16 @@ type Options struct {
 	// or the pod's ServiceAccount (tests).
 	Kube *KubeClients
 	// Drain is how long the connections open when Serve's context ends
-	// may go on (tests). 0: DrainTimeout.
+	// may go on (tests). 0: drainTimeout.
 	Drain time.Duration
 }
 
-// DrainTimeout is how long a stopping service lets the connections it
+// drainTimeout is how long a stopping service lets the connections it
 // holds finish: a request already sent upstream gets its answer back, so
 // a client is not told a request failed that the upstream carried out.
 // Under the parent's own 10 s before it kills the jailed child, and the
 // DaemonSet's grace period.
-const DrainTimeout = 5 * time.Second
+const drainTimeout = 5 * time.Second
 
 // Service is a running gate service.
 type Service struct {
@@ -299,7 +299,7 @@ func New(o Options) (*Service, error) {
 	cfg := o.Config
 	s := &Service{cfg: cfg, l: o.Listeners, log: o.Log, roots: o.SystemRoots, host: o.HostAddrs, started: time.Now(), drain: o.Drain}
 	if s.drain <= 0 {
-		s.drain = DrainTimeout
+		s.drain = drainTimeout
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
