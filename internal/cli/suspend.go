@@ -298,9 +298,11 @@ func suspendedText(le listEntry) (string, bool) {
 }
 
 // sessionEndedBySuspend is the hint for a session whose connection was
-// lost: when its sandbox is being suspended, that is why.
+// lost, or whose command did not start: when its sandbox is being
+// suspended, that is why.
 func sessionEndedBySuspend(dir string, err error) error {
-	if !errors.Is(err, session.ErrConnectionLost) {
+	lost := errors.Is(err, session.ErrConnectionLost)
+	if !lost && !errors.Is(err, session.ErrNotStarted) {
 		return err
 	}
 	r, lerr := state.Load(dir)
@@ -309,6 +311,9 @@ func sessionEndedBySuspend(dir string, err error) error {
 	}
 	switch r.State {
 	case state.StateSuspending, state.StateSuspended:
+		if !lost {
+			return fmt.Errorf("the command did not start: sandbox %q was being suspended; resume it with: moat resume %s", r.Name, r.Name)
+		}
 		return fmt.Errorf("the session ended: sandbox %q was suspended; resume it with: moat resume %s", r.Name, r.Name)
 	}
 	return err

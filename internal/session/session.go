@@ -25,6 +25,10 @@ import (
 // exit status: the connection dropped, or the sandbox stopped.
 var ErrConnectionLost = errors.New("connection to the sandbox was lost")
 
+// ErrNotStarted means the sandbox did not start the command: it refused
+// it, or the session ended before it answered.
+var ErrNotStarted = errors.New("starting command")
+
 // exitFailed is the exit code returned alongside an error, as ssh(1) exits
 // 255 when it cannot tell how the remote command ended.
 const exitFailed = 255
@@ -104,9 +108,9 @@ func Run(ctx context.Context, c *ssh.Client, o Options) (exitCode int, err error
 	}
 	if err != nil {
 		if ctx.Err() != nil {
-			return exitFailed, fmt.Errorf("starting command: %w", ctx.Err())
+			return exitFailed, fmt.Errorf("%w: %w", ErrNotStarted, ctx.Err())
 		}
-		return exitFailed, fmt.Errorf("starting command: %w", err)
+		return exitFailed, fmt.Errorf("%w: %w", ErrNotStarted, err)
 	}
 
 	waitc := make(chan error, 1)
