@@ -16,8 +16,8 @@ import (
 	"github.com/creack/pty"
 
 	"moat.dev/moat/internal/control"
-	"moat.dev/moat/test/inet"
 	"moat.dev/moat/internal/termtest"
+	"moat.dev/moat/test/inet"
 )
 
 func TestWatchTUI(t *testing.T) {

@@ -25,8 +25,8 @@ import (
 
 	"github.com/creack/pty"
 
-	"moat.dev/moat/test/inet"
 	"moat.dev/moat/internal/termtest"
+	"moat.dev/moat/test/inet"
 )
 
 // The test internet's hosts and the sandbox's policy (moat.toml). A name
