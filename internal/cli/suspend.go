@@ -67,17 +67,22 @@ snapshot restore end the standby.`,
 			if err != nil {
 				return err
 			}
+			// suspended is how both ways to a suspended sandbox end: its
+			// standby if asked for, then the JSON.
+			suspended := func(size int64, ended int) error {
+				if standby {
+					if err := e.standBy(dir, rec.Name); err != nil {
+						return err
+					}
+				}
+				return printSuspended(c, asJSON, rec.Name, size, ended, state.StandbyAlive(dir))
+			}
 			s := sandboxAt(dir)
 			if !s.alive() {
 				if st, _ := state.Effective(rec, dir); st == state.StateSuspended {
 					fmt.Fprintf(os.Stderr, "moat: sandbox %q is suspended already\n", rec.Name)
-					if standby {
-						if err := e.standBy(dir, rec.Name); err != nil {
-							return err
-						}
-					}
 					size, _ := runtime.ImageSize(dir)
-					return printSuspended(c, asJSON, rec.Name, size, 0, state.StandbyAlive(dir))
+					return suspended(size, 0)
 				}
 				return codef(ExitUsage, "sandbox %q is not running; nothing to suspend (start it with: moat up %s)", rec.Name, rec.Name)
 			}
@@ -93,12 +98,7 @@ snapshot restore end the standby.`,
 			}
 			size, _ := runtime.ImageSize(dir)
 			fmt.Fprintf(os.Stderr, "moat: suspended %s (image %s); resume with: moat resume %s\n", rec.Name, disk.FormatBytes(uint64(size)), rec.Name)
-			if standby {
-				if err := e.standBy(dir, rec.Name); err != nil {
-					return err
-				}
-			}
-			return printSuspended(c, asJSON, rec.Name, size, ended, state.StandbyAlive(dir))
+			return suspended(size, ended)
 		},
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")

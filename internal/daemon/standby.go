@@ -213,6 +213,12 @@ func (w standbyWord) answer(line string) {
 	w.conn.SetWriteDeadline(time.Time{})
 }
 
+// finish answers the word's last line and closes its connection.
+func (w standbyWord) finish(line string) {
+	w.answer(line)
+	w.conn.Close()
+}
+
 // listenStandby listens on StandbySocket and hands each word to words.
 func (d *daemon) listenStandby(words chan<- standbyWord) (func(), error) {
 	sock := StandbySocket(d.o.Dir)
@@ -259,38 +265,35 @@ var errDismissed = errors.New("the standby was dismissed")
 // for a stop or a stale standby, which end it without a word to the
 // record.
 func (d *daemon) standBy(gp *gateProc, shim *shimConn, sigs <-chan os.Signal, undo *teardown, end *ending) error {
-	select {
-	case <-d.parked:
-	case <-gp.done:
-		return d.gateExited(gp, "while standing by")
-	case <-shim.done:
-		return fmt.Errorf("the shim exited while standing by: %v", shim.err)
-	case s := <-sigs:
-		return fmt.Errorf("stopped by %v while standing by", s)
-	case <-d.stopCh:
-		return errors.New(cmp.Or(d.stopError, "stopped while standing by"))
-	}
-	words := make(chan standbyWord)
-	closeSock, err := d.listenStandby(words)
-	if err != nil {
-		return err
-	}
-	defer closeSock()
-	if d.o.Ready != nil {
-		fmt.Fprintln(d.o.Ready, "standby")
-		d.o.Ready.Close()
-		d.o.Ready = nil
-	}
-	d.log.Info("standing by", "setup_ms", time.Since(d.started).Milliseconds())
+	parked := d.parked
+	var words chan standbyWord // nil until parked: no word is taken before
 	for {
 		var w standbyWord
 		select {
+		case <-parked:
+			parked = nil
+			words = make(chan standbyWord)
+			closeSock, err := d.listenStandby(words)
+			if err != nil {
+				return err
+			}
+			defer closeSock()
+			if d.o.Ready != nil {
+				fmt.Fprintln(d.o.Ready, "standby")
+				d.o.Ready.Close()
+				d.o.Ready = nil
+			}
+			d.log.Info("standing by", "setup_ms", time.Since(d.started).Milliseconds())
+			continue
 		case w = <-words:
 		case <-gp.done:
 			return d.gateExited(gp, "while standing by")
 		case <-shim.done:
 			return fmt.Errorf("the shim exited while standing by: %v", shim.err)
 		case s := <-sigs:
+			if words == nil {
+				return fmt.Errorf("stopped by %v while standing by", s)
+			}
 			d.log.Info("standby dismissed", "signal", s)
 			return errDismissed
 		case <-d.stopCh:
@@ -298,14 +301,12 @@ func (d *daemon) standBy(gp *gateProc, shim *shimConn, sigs <-chan os.Signal, un
 		}
 		if w.req.Op == "stop" {
 			d.log.Info("standby dismissed")
-			w.answer("stopped")
-			w.conn.Close()
+			w.finish("stopped")
 			return errDismissed
 		}
 		rec, err := state.Load(d.o.Dir)
 		if err != nil {
-			w.answer("error: " + err.Error())
-			w.conn.Close()
+			w.finish("error: " + err.Error())
 			continue
 		}
 		ctx, cancel := context.WithTimeout(d.ctx, secretsTimeout)
@@ -316,14 +317,12 @@ func (d *daemon) standBy(gp *gateProc, shim *shimConn, sigs <-chan os.Signal, un
 		}
 		if why != "" {
 			d.log.Info("standby out of date; dismissed", "why", why)
-			w.answer("stale: " + why)
-			w.conn.Close()
+			w.finish("stale: " + why)
 			return errDismissed
 		}
 		release, ok, err := state.TryLock(state.DaemonLock(d.o.Dir))
 		if err != nil || !ok {
-			w.answer("stale: another daemon runs the sandbox")
-			w.conn.Close()
+			w.finish("stale: another daemon runs the sandbox")
 			return errDismissed
 		}
 		// The standby's lock goes now: from here this is the sandbox's
@@ -338,8 +337,7 @@ func (d *daemon) standBy(gp *gateProc, shim *shimConn, sigs <-chan os.Signal, un
 			r.DaemonPID, r.Started, r.Desired = os.Getpid(), d.started, "running"
 			return nil
 		}); err != nil {
-			w.answer("error: " + err.Error())
-			w.conn.Close()
+			w.finish("error: " + err.Error())
 			return err
 		}
 		undo[stepRecord] = func() error { return d.setStopped(end.reason, end.cause) }
