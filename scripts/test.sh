@@ -76,11 +76,12 @@ fi
 echo "test.sh: the cluster tier: $(( $(date +%s) - cstart )) s" >&2
 grep -E -B1 '^\s*--- SKIP' "$log" | grep -v '^--$' || true
 if [ "$rc" -ne 0 ]; then
-	# Each failed test's own output, from its "=== RUN" to its "--- FAIL"
-	# (where go test -v puts the reasons), at most its last 150 lines;
-	# then panics and build failures.
-	for t in $(grep -E '^--- FAIL: ' "$log" | awk '{print $3}' | sort -u | head -20); do
-		sed -n "/^=== RUN   $t\$/,/^--- FAIL: $t /p" "$log" | tail -150
+	# Each failed test's and subtest's own output, at most its last 150
+	# lines (go test -v streams a test's lines after its "=== RUN", "=== CONT"
+	# or "=== NAME" line); then panics and build failures.
+	for t in $(grep -E '^\s*--- FAIL: ' "$log" | awk '{print $3}' | sort -u | head -20); do
+		echo "--- the output of $t:"
+		awk -v t="$t" '/^=== (RUN|CONT|NAME) /{in_t = ($3 == t); next} /^--- /{in_t = 0} in_t' "$log" | tail -150
 	done
 	grep -E -A40 '^panic:|\[build failed\]' "$log" | head -200 || true
 fi

@@ -158,8 +158,8 @@ func (a *agentsEnv) checkRequests(t *testing.T, mark int) []inet.Req {
 	t.Helper()
 	reqs := a.api.Requests()[mark:]
 	authed := 0
+	logRequests(t, reqs)
 	for _, r := range reqs {
-		t.Logf("stand-in got: %s %s%s (%s)", r.Method, r.Host, r.Path, strings.Join(mapsKeys(r.Header), ","))
 		for _, p := range telemetryPaths {
 			if strings.Contains(strings.ToLower(r.Path), p) {
 				t.Errorf("telemetry reached the API: %s %s%s", r.Method, r.Host, r.Path)
@@ -193,6 +193,23 @@ func (a *agentsEnv) checkRequests(t *testing.T, mark int) []inet.Req {
 	return reqs
 }
 
+// logRequests logs what the stand-in got, a line per kind of request with how many came.
+func logRequests(t *testing.T, reqs []inet.Req) {
+	t.Helper()
+	var kinds []string
+	count := map[string]int{}
+	for _, r := range reqs {
+		k := fmt.Sprintf("%s %s%s (%s)", r.Method, r.Host, r.Path, strings.Join(mapsKeys(r.Header), ","))
+		if count[k] == 0 {
+			kinds = append(kinds, k)
+		}
+		count[k]++
+	}
+	for _, k := range kinds {
+		t.Logf("stand-in got %d×: %s", count[k], k)
+	}
+}
+
 func mapsKeys(h map[string][]string) []string {
 	out := make([]string, 0, len(h))
 	for k := range h {
@@ -216,10 +233,20 @@ func redactKey(k string) string {
 func (a *agentsEnv) checkDenials(t *testing.T, since time.Time) {
 	t.Helper()
 	time.Sleep(500 * time.Millisecond) // a connection's record is written when it ends
+	// One error per refused destination, however often the agent retried it.
+	var refused []string
+	count := map[string]int{}
 	for _, r := range readAudit(t, a.state) {
 		if r.Verdict == "deny" && r.Time.After(since) {
-			t.Errorf("the gate refused %s (%s, rule %q, reason %q): a host the agent needed is missing from its preset, or its non-essential traffic is not off", r.Name, r.Dst, r.Rule, r.Reason)
+			k := fmt.Sprintf("%s (%s, rule %q, reason %q)", r.Name, r.Dst, r.Rule, r.Reason)
+			if count[k] == 0 {
+				refused = append(refused, k)
+			}
+			count[k]++
 		}
+	}
+	for _, k := range refused {
+		t.Errorf("the gate refused %s %d time(s): a host the agent needed is missing from its preset, or its non-essential traffic is not off", k, count[k])
 	}
 }
 
