@@ -487,7 +487,8 @@ type listEntry struct {
 	// Claim: a Kubernetes sandbox's claim (kube.go).
 	Claim *kubert.Record `json:"claim,omitempty"`
 
-	dir string // its state directory
+	dir        string // its state directory
+	imageWhole bool   // its checkpoint image is whole (runtime.ImageSize)
 }
 
 func (e *env) entry(r *state.Record) listEntry {
@@ -498,7 +499,7 @@ func (e *env) entry(r *state.Record) listEntry {
 	st, reason := state.Effective(r, dir)
 	le := listEntry{Schema: 1, Name: r.Name, State: st, StopReason: reason, Image: r.Image, Runtime: runtimeName(r.Runtime),
 		Workspace: r.Workspace, Created: r.Created, Started: r.Started, Error: r.Error, NoLimits: resources.NoLimits(), dir: dir}
-	le.SuspendImageBytes, _ = runtime.ImageSize(dir)
+	le.SuspendImageBytes, le.imageWhole = runtime.ImageSize(dir)
 	le.Standby = st == state.StateSuspended && state.StandbyAlive(dir)
 	le.SnapshotBytes = snapshotBytes(dir)
 	if st == state.StateRunning || st == state.StateStarting {

@@ -287,8 +287,8 @@ func suspendedText(le listEntry) (string, bool) {
 	if st != state.StateSuspended {
 		return "", false
 	}
-	size, ok := runtime.ImageSize(le.dir)
-	if !ok {
+	size := le.SuspendImageBytes
+	if !le.imageWhole {
 		return st + " (no image)", true
 	}
 	if le.Standby {

@@ -165,6 +165,9 @@ var runscEnv = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 // StopGrace is how long the guest gets between SIGTERM and SIGKILL.
 const StopGrace = 10 * time.Second
 
+// sandboxPidFile is where runsc writes the sandbox's pid, in its bundle.
+func sandboxPidFile(bundle string) string { return filepath.Join(bundle, "sandbox.pid") }
+
 // superviseRunsc starts the sandbox with `runsc run --detach` and stays
 // until it exits. The shim is PID 1 of its own PID namespace, so when it
 // dies — also when the daemon dies and the parent-death signal kills it —
@@ -183,7 +186,7 @@ func superviseRunsc(p *Plan, bundle string, h *heir) error {
 	env := runscEnv
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
-	pidFile := filepath.Join(bundle, "sandbox.pid")
+	pidFile := sandboxPidFile(bundle)
 	verb := "run"
 	args := []string{"run", "--detach", "--pid-file=" + pidFile, "--bundle=" + bundle, p.ID}
 	if p.Restore != "" {

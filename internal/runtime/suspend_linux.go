@@ -93,7 +93,7 @@ func restoreArgs(p *Plan, pidFile, bundle string) []string {
 // code until `runsc restore` of the same container, which then skips the
 // create.
 func (p *Plan) createSandbox(bundle string) error {
-	create := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "create", "--pid-file="+filepath.Join(bundle, "sandbox.pid"), "--bundle="+bundle, p.ID)...)
+	create := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "create", "--pid-file="+sandboxPidFile(bundle), "--bundle="+bundle, p.ID)...)
 	create.Stdout, create.Stderr, create.Env = os.Stdout, os.Stderr, runscEnv
 	if err := create.Run(); err != nil {
 		return fmt.Errorf("runsc create: %w", err)
