@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -228,9 +226,8 @@ func copyLayer(pdir, cdir string) (bool, error) {
 		}
 		// cp -a keeps owners, modes, the overlay's whiteouts and its
 		// trusted.* attributes, as the move into a disk image does.
-		out, err := exec.Command("cp", "-a", "--reflink=auto", src, filepath.Join(cdir, name)).CombinedOutput()
-		if err != nil {
-			return false, fmt.Errorf("cp -a %s: %v: %s", src, err, strings.TrimSpace(string(out)))
+		if err := copyTree(src, filepath.Join(cdir, name)); err != nil {
+			return false, err
 		}
 		reflinked = false // cp does not say whether it could
 	}

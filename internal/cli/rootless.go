@@ -10,13 +10,15 @@ import (
 
 	"moat.dev/moat/internal/resources"
 	"moat.dev/moat/internal/roles"
+	"moat.dev/moat/internal/statefs"
 	"moat.dev/moat/internal/userns"
 )
 
 // Rootless moat: an ordinary user runs sandboxes in user namespaces that
 // map their subordinate ids (internal/userns). What the shim and runsc
 // leave in a sandbox's state dir then belongs to those ids, which the
-// user can remove only from inside such a namespace: roles.RemoveRole.
+// user can remove and copy only from inside such a namespace:
+// roles.RemoveRole, statefs.Role.
 
 // rootless reports whether moat runs without root.
 func rootless() bool { return os.Geteuid() != 0 }
@@ -28,25 +30,72 @@ func (e *env) removeAll(dir string) error {
 	if err == nil || !rootless() {
 		return err
 	}
-	cfg, cerr := userns.Current(userns.KeepIDs)
-	if cerr != nil {
-		return fmt.Errorf("%v (what is left belongs to your subordinate ids: %v)", err, cerr)
+	if _, err := inUserns(roles.RemoveRole, dir); err != nil {
+		return fmt.Errorf("removing %s in a user namespace (what is left belongs to your subordinate ids): %w", dir, err)
+	}
+	return nil
+}
+
+// copyTree is statefs.Copy; rootless, in a user namespace, where
+// subordinate ids own a sandbox's layer.
+func copyTree(src, dst string) error {
+	if !rootless() {
+		return statefs.Copy(src, dst)
+	}
+	if _, err := inUserns(statefs.CopyArgs(src, dst)...); err != nil {
+		return fmt.Errorf("copying %s in a user namespace: %w", src, err)
+	}
+	return nil
+}
+
+// flushTree is statefs.Flush; rootless, in a user namespace, which can
+// open every file of a copied layer.
+func flushTree(root string) (int64, error) {
+	if !rootless() {
+		return statefs.Flush(root)
+	}
+	out, err := inUserns(statefs.FlushArgs(root)...)
+	if err != nil {
+		return 0, fmt.Errorf("flushing %s in a user namespace: %w", root, err)
+	}
+	return statefs.ParseFlushed(out)
+}
+
+// swapState is statefs.Swap of restoreItems; rootless, in a user
+// namespace, where a directory of the layer may be moved.
+func swapState(dir, stage, old string) error {
+	if !rootless() {
+		return statefs.Swap(dir, stage, old, restoreItems)
+	}
+	if _, err := inUserns(statefs.SwapArgs(dir, stage, old, restoreItems)...); err != nil {
+		return fmt.Errorf("in a user namespace: %w", err)
+	}
+	return nil
+}
+
+// inUserns runs moat-sandbox with args (a role first) as root of a user
+// namespace that maps the user's own ids and subordinate ranges, waits
+// for it, and returns what it printed.
+func inUserns(args ...string) (string, error) {
+	cfg, err := userns.Current(userns.KeepIDs)
+	if err != nil {
+		return "", err
 	}
 	exe, err := sandboxExe()
 	if err != nil {
-		return err
+		return "", err
 	}
-	var stderr bytes.Buffer
-	cmd := exec.Command(exe, roles.RemoveRole, dir)
-	cmd.Stderr = &stderr
+	var stdout, stderr bytes.Buffer
+	cmd := exec.Command(exe, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cfg.Start(cmd); err != nil {
-		return fmt.Errorf("removing %s in a user namespace: %w", dir, err)
+		return "", err
 	}
 	if err := cmd.Wait(); err != nil {
-		return fmt.Errorf("removing %s in a user namespace: %v: %s", dir, err, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr.String()))
 	}
-	return nil
+	return stdout.String(), nil
 }
 
 // rootlessChecks are moat doctor's checks for running without root, in

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"moat.dev/moat/internal/roles"
 	"moat.dev/moat/internal/runtime"
 	"moat.dev/moat/internal/state"
+	"moat.dev/moat/internal/statefs"
 )
 
 // Named snapshots (docs/suspend.md): a sandbox's state at one moment, its
@@ -252,7 +252,7 @@ func (e *env) saveLocked(dir string, info *snapshotInfo) error {
 		e.removeAll(tmp)
 		return err
 	}
-	return syncPath(snapshotsDir(dir))
+	return statefs.SyncPath(snapshotsDir(dir))
 }
 
 // fillSnapshot copies dir's state into the snapshot directory tmp and
@@ -278,10 +278,11 @@ func (e *env) fillSnapshot(dir, tmp string, info *snapshotInfo) error {
 		m = &now
 	}
 	info.Manifest = *m
-	if err := syncTree(tmp); err != nil {
+	size, err := flushTree(tmp)
+	if err != nil {
 		return fmt.Errorf("flushing: %w", err)
 	}
-	info.Bytes = allocated(tmp)
+	info.Bytes = size
 	b, err := json.MarshalIndent(info, "", "  ")
 	if err != nil {
 		return err
@@ -347,7 +348,7 @@ func listSnapshots(dir, name string) []snapshotInfo {
 		}
 		info, err := readSnapshot(dir, name, ent.Name())
 		if err != nil {
-			info = &snapshotInfo{Schema: 1, Tag: ent.Name(), Sandbox: name, Bytes: allocated(snapshotDir(dir, ent.Name()))}
+			info = &snapshotInfo{Schema: 1, Tag: ent.Name(), Sandbox: name, Bytes: statefs.Allocated(snapshotDir(dir, ent.Name()))}
 		}
 		out = append(out, *info)
 	}
@@ -567,7 +568,7 @@ func (e *env) restoreLocked(dir string, info *snapshotInfo) error {
 	if err := os.Mkdir(old, 0o700); err != nil {
 		return err
 	}
-	if err := swapIn(dir, stage, old); err != nil {
+	if err := swapState(dir, stage, old); err != nil {
 		return fmt.Errorf("restoring snapshot %s: %w; the sandbox is unchanged", info.Tag, err)
 	}
 	if err := e.removeAll(old); err != nil {
@@ -581,32 +582,6 @@ func (e *env) restoreLocked(dir string, info *snapshotInfo) error {
 		r.SetUp, r.Stopped, r.Error = info.SetUp, info.At, ""
 		return nil
 	})
-}
-
-// swapIn moves dir's restoreItems into old and stage's into dir; on a
-// failure it moves them back.
-func swapIn(dir, stage, old string) error {
-	var moved []string
-	undo := func() {
-		for _, name := range moved {
-			os.RemoveAll(filepath.Join(dir, name))
-			os.Rename(filepath.Join(old, name), filepath.Join(dir, name))
-		}
-	}
-	for _, name := range restoreItems {
-		if err := os.Rename(filepath.Join(dir, name), filepath.Join(old, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			undo()
-			return err
-		}
-		moved = append(moved, name)
-	}
-	for _, name := range restoreItems {
-		if err := os.Rename(filepath.Join(stage, name), filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			undo()
-			return err
-		}
-	}
-	return syncPath(dir)
 }
 
 func newSnapshotRmCmd() *cobra.Command {
@@ -670,45 +645,4 @@ func snapshotBytes(dir string) int64 {
 		n += s.Bytes
 	}
 	return n
-}
-
-// allocated is the space the files under root take on disk.
-func allocated(root string) int64 {
-	var n int64
-	filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
-		}
-		return nil
-	})
-	return n
-}
-
-// syncTree flushes every regular file and directory under root: a
-// snapshot is renamed into place only once its data is on disk, so a
-// host crash cannot leave one that lists whole but reads as zeroes.
-func syncTree(root string) error {
-	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if !d.Type().IsRegular() && !d.IsDir() {
-			return nil
-		}
-		return syncPath(path)
-	})
-}
-
-func syncPath(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }

@@ -59,39 +59,6 @@ func TestDefaultTag(t *testing.T) {
 	}
 }
 
-// TestSwapIn: the state's layer and image become the stage's; the old
-// ones are set aside; what the stage lacks is gone from the state.
-func TestSwapIn(t *testing.T) {
-	dir, stage, old := t.TempDir(), t.TempDir(), t.TempDir()
-	write := func(path, body string) {
-		t.Helper()
-		os.MkdirAll(filepath.Dir(path), 0o700)
-		if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write(filepath.Join(dir, "disk.img"), "now")
-	write(filepath.Join(dir, "suspend", "checkpoint.img"), "now")
-	write(filepath.Join(dir, "record.json"), "kept")
-	write(filepath.Join(stage, "disk.img"), "snap")
-	if err := swapIn(dir, stage, old); err != nil {
-		t.Fatal(err)
-	}
-	read := func(path string) string { b, _ := os.ReadFile(path); return string(b) }
-	if got := read(filepath.Join(dir, "disk.img")); got != "snap" {
-		t.Errorf("disk.img = %q, want the snapshot's", got)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "suspend")); err == nil {
-		t.Error("the sandbox's image is still in place; the snapshot had none")
-	}
-	if got := read(filepath.Join(dir, "record.json")); got != "kept" {
-		t.Errorf("record.json = %q; the swap must not touch it", got)
-	}
-	if got := read(filepath.Join(old, "disk.img")); got != "now" {
-		t.Errorf("the old disk.img set aside = %q", got)
-	}
-}
-
 // fakeRunsc is a runsc that prints version.
 func fakeRunsc(t *testing.T, version string) string {
 	t.Helper()

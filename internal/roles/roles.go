@@ -27,6 +27,7 @@ import (
 	"moat.dev/moat/internal/image"
 	"moat.dev/moat/internal/preset"
 	"moat.dev/moat/internal/runtime"
+	"moat.dev/moat/internal/statefs"
 	"moat.dev/moat/internal/userns"
 )
 
@@ -125,6 +126,14 @@ func RoleMain(args []string) int {
 			return exitUsage
 		}
 		return removeMain(args[2])
+	case statefs.Role:
+		// Rootless, a fork's or a snapshot's files (internal/cli,
+		// rootless.go): the namespace's maps first.
+		if err := userns.Wait(syscall.SIGKILL); err != nil {
+			fmt.Fprintln(os.Stderr, "moat:", err)
+			return exitError
+		}
+		return statefs.Main(args[2:])
 	case image.Role:
 		// A rootless image store's unpacking and removal.
 		return image.RoleMain(args[2:])

@@ -262,6 +262,12 @@ func (p *Plan) saveImage(env []string) error {
 		os.RemoveAll(tmp)
 		return err
 	}
+	if p.Rootless {
+		if err := giveToStateOwner(p.StateDir, tmp); err != nil {
+			os.RemoveAll(tmp)
+			return err
+		}
+	}
 	dst := SuspendDir(p.StateDir)
 	os.RemoveAll(dst)
 	if err := os.Rename(tmp, dst); err != nil {
@@ -310,6 +316,40 @@ func syncImage(dir string) error {
 		}
 	}
 	return syncDir(dir)
+}
+
+// giveToStateOwner gives the image in dir, and the guest binary kept
+// beside it when the shim copied it, to the owner of the state dir: rootless, what runsc writes
+// belongs to root of the shim's user namespace, a subordinate id on the
+// host, and the daemon, which runs as the user, must write the image's
+// manifest, read its files to copy them (fork, snapshots) and remove it.
+// The user's own id is mapped in the namespace (userns.KeepIDs), so the
+// namespace's root may give it files.
+func giveToStateOwner(stateDir, dir string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(stateDir, &st); err != nil {
+		return err
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	paths := []string{dir, GuestBinary(stateDir)}
+	for _, e := range ents {
+		paths = append(paths, filepath.Join(dir, e.Name()))
+	}
+	for _, path := range paths {
+		// Only what the namespace's root made: the guest binary may be
+		// a hard link to moat's own, which is not the namespace's to give.
+		var fst unix.Stat_t
+		if err := unix.Lstat(path, &fst); err != nil || fst.Uid != 0 {
+			continue
+		}
+		if err := os.Lchown(path, int(st.Uid), int(st.Gid)); err != nil {
+			return fmt.Errorf("giving the image to the state dir's owner: %w", err)
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

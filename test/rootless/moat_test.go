@@ -343,6 +343,104 @@ echo "SECRET_BODY=$(tr -d '\n' < $o/SECRET)"
 		}
 	})
 
+	// Suspend and resume without root: a guest process's memory comes
+	// back, plainly and through a standby; a plain suspend leaves nothing
+	// of the user's running, a standby only its own processes.
+	t.Run("suspend_and_resume", func(t *testing.T) {
+		loop := `setsid -f sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done' </dev/null >/dev/null 2>&1`
+		if _, se, code := moat(t, ws, "exec", "ws", "--", "sh", "-c", loop); code != 0 {
+			t.Fatalf("starting a counter in the guest: exit %d: %s", code, se)
+		}
+		count := func() int {
+			t.Helper()
+			so, se, code := moat(t, ws, "exec", "ws", "--", "cat", "/tmp/count")
+			n, err := strconv.Atoi(strings.TrimSpace(so))
+			if code != 0 || err != nil {
+				t.Fatalf("reading the guest's counter: exit %d, %q: %s\ndaemon.log:\n%s", code, so, se, readLog(home))
+			}
+			return n
+		}
+		// Far enough from 0 that a counter started again could not have
+		// caught up by the read after the resume.
+		for deadline := time.Now().Add(30 * time.Second); count() < 30; time.Sleep(200 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the guest's counter did not reach 30 in 30 s")
+			}
+		}
+		for _, standby := range []bool{false, true} {
+			before := count()
+			args := []string{"suspend", "ws"}
+			if standby {
+				args = append(args, "--standby")
+			}
+			if _, se, code := moat(t, ws, args...); code != 0 {
+				t.Fatalf("moat %s: exit %d: %s\ndaemon.log:\n%s", strings.Join(args, " "), code, se, readLog(home))
+			}
+			if !standby {
+				waitNoProcs(t, h)
+			} else if _, err := os.Stat(filepath.Join(state, "standby.pid")); err != nil || len(h.procs("__daemon")) != 1 {
+				t.Errorf("moat suspend --standby left no standby running (%v): %v", err, h.procs(""))
+			}
+			want := "suspended ("
+			if standby {
+				want = ", standby)"
+			}
+			if so, _, _ := moat(t, ws, "list"); !strings.Contains(so, want) {
+				t.Errorf("moat list after moat %s lacks %q:\n%s", strings.Join(args, " "), want, so)
+			}
+			if _, se, code := moat(t, ws, "resume", "ws"); code != 0 {
+				t.Fatalf("moat resume after moat %s: exit %d: %s\ndaemon.log:\n%s", strings.Join(args, " "), code, se, readLog(home))
+			}
+			// The file alone would keep its last value: the counter must
+			// be there and count on.
+			after := count()
+			for deadline := time.Now().Add(10 * time.Second); count() <= after && time.Now().Before(deadline); {
+				time.Sleep(200 * time.Millisecond)
+			}
+			if now := count(); after < before || now <= after {
+				t.Errorf("after moat %s and resume the guest's counter read %d then %d, %d before: the process did not come back\ndaemon.log:\n%s", strings.Join(args, " "), after, now, before, readLog(home))
+			}
+			if standby && !strings.Contains(readLog(home), "standby: go") {
+				t.Errorf("the resume did not go through the standby; daemon.log:\n%s", readLog(home))
+			}
+		}
+
+		// A fork and a snapshot copy the writable layer and the image,
+		// which belong to the user's subordinate ids.
+		before := count()
+		t.Cleanup(func() { moat(t, ws, "destroy", "--yes", "ws-fork") })
+		if _, se, code := moat(t, ws, "fork", "ws", "ws-fork"); code != 0 {
+			t.Fatalf("moat fork ws ws-fork: exit %d: %s", code, se)
+		}
+		if so, se, code := moat(t, ws, "exec", "ws-fork", "--", "cat", "/tmp/count"); code != 0 || atoi(so) < before {
+			t.Errorf("the fork's counter: exit %d, %q, want at least the parent's %d before the fork: %s", code, so, before, se)
+		}
+		atSave := count()
+		if _, se, code := moat(t, ws, "snapshot", "save", "ws", "s1"); code != 0 {
+			t.Fatalf("moat snapshot save ws s1: exit %d: %s", code, se)
+		}
+		// After the save the counter is stopped and its file says 99999:
+		// a restore brings back the saved process and its file.
+		// Two commands: the second's own command line names the file.
+		for _, c := range []string{"pkill -f 'tmp/coun[t]'; true", "echo 99999 > /tmp/count"} {
+			if _, se, code := moat(t, ws, "exec", "ws", "--", "sh", "-c", c); code != 0 {
+				t.Fatalf("stopping the counter (%s): exit %d: %s", c, code, se)
+			}
+		}
+		if _, se, code := moat(t, ws, "snapshot", "restore", "ws", "s1", "--yes"); code != 0 {
+			t.Fatalf("moat snapshot restore ws s1: exit %d: %s\ndaemon.log:\n%s", code, se, readLog(home))
+		}
+		if c := count(); c < atSave || c >= 99999 {
+			t.Errorf("after the restore of s1 the counter reads %d, %d before the save: not the saved process", c, atSave)
+		}
+		if _, se, code := moat(t, ws, "snapshot", "rm", "ws", "s1", "--yes"); code != 0 {
+			t.Errorf("moat snapshot rm ws s1: exit %d: %s", code, se)
+		}
+		if ents, _ := os.ReadDir(filepath.Join(state, "snapshots")); len(ents) != 0 {
+			t.Errorf("after moat snapshot rm, the snapshots dir holds %d entries", len(ents))
+		}
+	})
+
 	// A killed keeper takes the gate process, the shim and runsc's
 	// processes with it (parent-death signals, set again after each
 	// change of ids); the next start clears runsc's stale state, which
@@ -490,6 +588,15 @@ func waitNoProcs(t *testing.T, h *host) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// atoi is the number in s, or -1.
+func atoi(s string) int {
+	n, err := strconv.Atoi(strings.TrimSpace(s))
+	if err != nil {
+		return -1
+	}
+	return n
 }
 
 func readLog(home string) string {
