@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"moat.dev/moat/internal/statefs"
 )
 
 // Suspend and resume: the guest, its memory and its open files, saved
@@ -274,7 +276,7 @@ func (p *Plan) saveImage(env []string) error {
 		os.RemoveAll(tmp)
 		return fmt.Errorf("moving the image into place: %w", err)
 	}
-	return syncDir(p.StateDir)
+	return statefs.SyncPath(p.StateDir)
 }
 
 // runsc runs one runsc command for this sandbox; its output goes to the
@@ -315,7 +317,7 @@ func syncImage(dir string) error {
 			return fmt.Errorf("flushing the image: %w", err)
 		}
 	}
-	return syncDir(dir)
+	return statefs.SyncPath(dir)
 }
 
 // giveToStateOwner gives the image in dir, and the guest binary kept
@@ -350,15 +352,6 @@ func giveToStateOwner(stateDir, dir string) error {
 		}
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // lastLine is the line of runsc's output that says why it failed: the
