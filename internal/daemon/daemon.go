@@ -223,11 +223,30 @@ type ending struct {
 	graceful bool   // the guest gets SIGTERM and its grace, not SIGKILL
 }
 
+// writePID writes the keeper's pid into the state dir's file name. A
+// failure is not a reason to refuse the start: the lock says the daemon
+// lives; only a stop whose control call fails signals the pid.
+func (d *daemon) writePID(name string) {
+	if err := os.WriteFile(filepath.Join(d.o.Dir, name), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
+		d.log.Warn("writing "+name, "err", err)
+	}
+}
+
+// recordStart records that the sandbox starts as st (starting or
+// resuming), with this keeper as its daemon.
+func (d *daemon) recordStart(st string) error {
+	return d.updateRecord(func(r *state.Record) error {
+		r.State, r.StopReason, r.Error = st, "", ""
+		r.DaemonPID, r.Started = os.Getpid(), d.started
+		return nil
+	})
+}
+
 func (d *daemon) run() error {
 	t0 := time.Now()
 	// A standby holds its own lock until its word to go (standby.go);
 	// either kind refuses to start beside the other.
-	lock, pidFile := state.DaemonLock(d.o.Dir), "daemon.pid"
+	lock, pidFile := state.DaemonLock(d.o.Dir), daemonPIDFile
 	if d.o.Standby {
 		lock, pidFile = state.StandbyLock(d.o.Dir), filepath.Base(standbyPID(d.o.Dir))
 	}
@@ -274,11 +293,7 @@ func (d *daemon) run() error {
 		end.cause = err
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(d.o.Dir, pidFile), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600); err != nil {
-		// Not a reason to refuse the start: the lock says the daemon
-		// lives; only a stop whose control call fails signals the pid.
-		d.log.Warn("writing "+pidFile, "err", err)
-	}
+	d.writePID(pidFile)
 
 	// The sandbox's cgroup (resources.go) before prepare writes the plan,
 	// which the shim joins it by; removed once the shim is gone.
@@ -347,11 +362,7 @@ func (d *daemon) run() error {
 	// guest with "go", and the keeper answers neither before this
 	// (shimReady). A standby writes it on its word to go.
 	if !d.o.Standby {
-		if err := d.updateRecord(func(r *state.Record) error {
-			r.State, r.StopReason, r.Error = startAs, "", ""
-			r.DaemonPID, r.Started = os.Getpid(), d.started
-			return nil
-		}); err != nil {
+		if err := d.recordStart(startAs); err != nil {
 			return fail(err)
 		}
 	}

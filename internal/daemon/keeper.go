@@ -384,9 +384,10 @@ func (d *daemon) serveGate(ctx context.Context, method string, body json.RawMess
 					err = ctx.Err()
 				}
 			}
-			// The gate process gets the record as it is now, which a
-			// standby wrote after the gate process took its copy.
-			if err == nil {
+			// A standby's gate process gets the record as it is now,
+			// written on the word to go, after it took its copy; any
+			// other's copy is the start's already.
+			if err == nil && d.sb != nil {
 				rec, err = state.Load(d.o.Dir)
 			}
 			if err == nil {

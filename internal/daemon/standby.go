@@ -48,6 +48,9 @@ const StandbyEnv = "MOAT_STANDBY"
 // StandbySocket is where a standby keeper waits for its word.
 func StandbySocket(dir string) string { return filepath.Join(dir, "standby.sock") }
 
+// daemonPIDFile is the file, in the state dir, with the daemon's pid.
+const daemonPIDFile = "daemon.pid"
+
 // standbyPID is the file with a standby keeper's pid, for a dismissal
 // whose word is not answered.
 func standbyPID(dir string) string { return filepath.Join(dir, "standby.pid") }
@@ -183,10 +186,7 @@ func (s *standbyState) stale(ctx context.Context, req standbyRequest, rec *state
 		return "the sandbox's configuration, rules or forwards changed"
 	}
 	s.mu.Lock()
-	names := make(map[string][]byte, len(s.secrets))
-	for k, v := range s.secrets {
-		names[k] = v
-	}
+	names := maps.Clone(s.secrets)
 	s.mu.Unlock()
 	for name, was := range names {
 		v, err := read(ctx, name)
@@ -330,13 +330,10 @@ func (d *daemon) standBy(gp *gateProc, shim *shimConn, sigs <-chan os.Signal, un
 		undo[stepLock]()
 		undo[stepLock] = func() error { release(); return nil }
 		os.Remove(standbyPID(d.o.Dir))
-		os.WriteFile(filepath.Join(d.o.Dir, "daemon.pid"), []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o600)
+		d.writePID(daemonPIDFile)
 		d.started = time.Now()
-		if err := d.updateRecord(func(r *state.Record) error {
-			r.State, r.StopReason, r.Error = state.StateResuming, "", ""
-			r.DaemonPID, r.Started, r.Desired = os.Getpid(), d.started, "running"
-			return nil
-		}); err != nil {
+		// Desired is the CLI's to write, as for any start.
+		if err := d.recordStart(state.StateResuming); err != nil {
 			w.finish("error: " + err.Error())
 			return err
 		}

@@ -94,6 +94,10 @@ func restoreArgs(p *Plan, pidFile, bundle string) []string {
 // (Plan.Standby): its gofer and sentry start and wait, running no guest
 // code until `runsc restore` of the same container, which then skips the
 // create.
+//
+// Not through p.runsc, which collects runsc's stderr through a pipe: the
+// sentry and the gofer runsc create leaves behind inherit it, and the
+// pipe would never end.
 func (p *Plan) createSandbox(bundle string) error {
 	create := exec.Command(p.Runsc, append(p.runscArgs(p.Debug), "create", "--pid-file="+sandboxPidFile(bundle), "--bundle="+bundle, p.ID)...)
 	create.Stdout, create.Stderr, create.Env = os.Stdout, os.Stderr, runscEnv
@@ -321,12 +325,12 @@ func syncImage(dir string) error {
 }
 
 // giveToStateOwner gives the image in dir, and the guest binary kept
-// beside it when the shim copied it, to the owner of the state dir: rootless, what runsc writes
-// belongs to root of the shim's user namespace, a subordinate id on the
-// host, and the daemon, which runs as the user, must write the image's
-// manifest, read its files to copy them (fork, snapshots) and remove it.
-// The user's own id is mapped in the namespace (userns.KeepIDs), so the
-// namespace's root may give it files.
+// beside it when the shim copied it, to the owner of the state dir.
+// Rootless, what runsc writes belongs to root of the shim's user
+// namespace, a subordinate id on the host, and the daemon, which runs as
+// the user, must write the image's manifest, read its files to copy them
+// (fork, snapshots) and remove it. The user's own id is mapped in the
+// namespace (userns.KeepIDs), so the namespace's root may give it files.
 func giveToStateOwner(stateDir, dir string) error {
 	var st unix.Stat_t
 	if err := unix.Stat(stateDir, &st); err != nil {

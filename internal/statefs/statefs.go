@@ -40,14 +40,16 @@ func Copy(src, dst string) error {
 }
 
 // Flush flushes every regular file and directory under root and returns
-// the space they take on disk: a copy is renamed into place only once
-// its data is on disk, so a host crash cannot leave one that lists whole
-// but reads as zeroes.
+// the space the files under root take on disk (Allocated): a copy is
+// renamed into place only once its data is on disk, so a host crash
+// cannot leave one that lists whole but reads as zeroes.
 func Flush(root string) (int64, error) {
+	var n int64
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
+		n += blocks(d)
 		if !d.Type().IsRegular() && !d.IsDir() {
 			return nil
 		}
@@ -56,7 +58,7 @@ func Flush(root string) (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return Allocated(root), nil
+	return n, nil
 }
 
 // SyncPath flushes one file or directory.
@@ -74,17 +76,22 @@ func SyncPath(path string) error {
 func Allocated(root string) int64 {
 	var n int64
 	filepath.WalkDir(root, func(_ string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return nil
-		}
-		if fi, err := d.Info(); err == nil {
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				n += st.Blocks * 512
-			}
+		if err == nil {
+			n += blocks(d)
 		}
 		return nil
 	})
 	return n
+}
+
+// blocks is the space d takes on disk; 0 when it cannot be read.
+func blocks(d fs.DirEntry) int64 {
+	if fi, err := d.Info(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			return st.Blocks * 512
+		}
+	}
+	return 0
 }
 
 // Swap moves dir's items (names in it) into old and stage's into dir; on
