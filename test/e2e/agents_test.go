@@ -196,15 +196,11 @@ func (a *agentsEnv) checkRequests(t *testing.T, mark int) []inet.Req {
 // logRequests logs what the stand-in got, a line per kind of request with how many came.
 func logRequests(t *testing.T, reqs []inet.Req) {
 	t.Helper()
-	var kinds []string
-	count := map[string]int{}
+	var got []string
 	for _, r := range reqs {
-		k := fmt.Sprintf("%s %s%s (%s)", r.Method, r.Host, r.Path, strings.Join(mapsKeys(r.Header), ","))
-		if count[k] == 0 {
-			kinds = append(kinds, k)
-		}
-		count[k]++
+		got = append(got, fmt.Sprintf("%s %s%s (%s)", r.Method, r.Host, r.Path, strings.Join(mapsKeys(r.Header), ",")))
 	}
+	kinds, count := tally(got)
 	for _, k := range kinds {
 		t.Logf("stand-in got %d×: %s", count[k], k)
 	}
@@ -235,19 +231,28 @@ func (a *agentsEnv) checkDenials(t *testing.T, since time.Time) {
 	time.Sleep(500 * time.Millisecond) // a connection's record is written when it ends
 	// One error per refused destination, however often the agent retried it.
 	var refused []string
-	count := map[string]int{}
 	for _, r := range readAudit(t, a.state) {
 		if r.Verdict == "deny" && r.Time.After(since) {
-			k := fmt.Sprintf("%s (%s, rule %q, reason %q)", r.Name, r.Dst, r.Rule, r.Reason)
-			if count[k] == 0 {
-				refused = append(refused, k)
-			}
-			count[k]++
+			refused = append(refused, fmt.Sprintf("%s (%s, rule %q, reason %q)", r.Name, r.Dst, r.Rule, r.Reason))
 		}
 	}
-	for _, k := range refused {
+	kinds, count := tally(refused)
+	for _, k := range kinds {
 		t.Errorf("the gate refused %s %d time(s): a host the agent needed is missing from its preset, or its non-essential traffic is not off", k, count[k])
 	}
+}
+
+// tally is each distinct key, in the order first seen, and how often it came.
+func tally(keys []string) ([]string, map[string]int) {
+	var kinds []string
+	count := map[string]int{}
+	for _, k := range keys {
+		if count[k] == 0 {
+			kinds = append(kinds, k)
+		}
+		count[k]++
+	}
+	return kinds, count
 }
 
 func TestAgents(t *testing.T) {
